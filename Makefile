@@ -1,0 +1,46 @@
+# Both entry points install what they need, idempotently: Debian packages, then a venv in .venv/.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEB_STAMP := .venv/.deb-installed
+DEB_PKGS := gcc g++ nodejs bash libseccomp2 python3-venv
+
+.PHONY: demo test test-slow lint bench deps clean
+
+$(DEB_STAMP):
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP): pyproject.toml | $(DEB_STAMP)
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+deps: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sandloop demo
+
+test: $(STAMP)
+	$(VPY) -m ruff check src tests benchmarks
+	$(VPY) -m mypy
+	$(VPY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(VPY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VPY) -m ruff check src tests benchmarks
+	$(VPY) -m mypy
+
+bench: $(STAMP)
+	$(VPY) benchmarks/bench_sandbox.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,184 @@
+"""Typed records that cross the sandbox boundary: what to run, within which bounds, what happened.
+
+Their JSON forms are part of the public contract (DESIGN.md): fields may be added, never removed.
+"""
+
+from __future__ import annotations
+
+import base64
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+
+LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+_LANGUAGE_ALIASES = {
+    "python3": "python",
+    "py": "python",
+    "c++": "cpp",
+    "cxx": "cpp",
+    "js": "javascript",
+    "node": "javascript",
+    "nodejs": "javascript",
+    "sh": "bash",
+}
+
+
+def canonical_language(name: str) -> str:
+    """Map a language name or common alias (``py``, ``c++``, ``node``) to its canonical name."""
+    key = name.strip().lower()
+    key = _LANGUAGE_ALIASES.get(key, key)
+    if key not in LANGUAGES:
+        raise ValueError(
+            f"unsupported language {name!r}; choose one of {', '.join(LANGUAGES)}"
+        )
+    return key
+
+
+class Status(StrEnum):
+    """Outcome of one run. ``sandbox_error`` is the infrastructure's fault, never the program's."""
+
+    OK = "ok"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    OUTPUT_LIMIT = "output_limit"
+    COMPILE_ERROR = "compile_error"
+    SANDBOX_ERROR = "sandbox_error"
+
+
+FileContent = Annotated[str | bytes, Field(description="text (UTF-8) or raw bytes")]
+
+
+class Limits(BaseModel):
+    """Resource bounds for one run. Every limit is enforced, and hitting it is reported."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit, seconds")
+    cpu_time_s: float | None = Field(
+        None, gt=0, le=3600, description="CPU-time limit (all processes); default: time_s"
+    )
+    memory_mb: int = Field(512, ge=8, le=65536, description="memory + swap, whole run, MiB")
+    max_processes: int = Field(64, ge=1, le=4096, description="processes + threads at once")
+    stdout_bytes: int = Field(1 << 20, ge=0, le=1 << 30, description="stdout kept; beyond: truncated")
+    stderr_bytes: int = Field(1 << 20, ge=0, le=1 << 30, description="stderr kept; beyond: truncated")
+    output_limit_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="total output after which the run is killed with output_limit; "
+        "default: 8 x (stdout_bytes + stderr_bytes)",
+    )
+    workdir_mb: int = Field(64, ge=1, le=16384, description="size of the work dir and of /tmp, MiB")
+    workdir_inodes: int = Field(4096, ge=16, le=1 << 20, description="files in the work dir and /tmp")
+    open_files: int = Field(256, ge=16, le=65536, description="file descriptors per process")
+    compile_time_s: float = Field(30.0, gt=0, le=3600, description="wall limit for compilation")
+    compile_memory_mb: int = Field(1024, ge=64, le=65536, description="memory for compilation")
+
+    @property
+    def cpu_limit_s(self) -> float:
+        return self.cpu_time_s if self.cpu_time_s is not None else self.time_s
+
+    @property
+    def kill_output_bytes(self) -> int:
+        if self.output_limit_bytes is not None:
+            return self.output_limit_bytes
+        return 8 * (self.stdout_bytes + self.stderr_bytes) + (1 << 16)
+
+
+class Program(BaseModel):
+    """What to run: source in one language, optional stdin and extra files for the work dir."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    language: str = "python"
+    source: str
+    stdin: FileContent | None = None
+    files: dict[str, FileContent] = Field(default_factory=dict)
+    argv: list[str] = Field(default_factory=list, description="extra program arguments")
+    collect: list[str] = Field(
+        default_factory=list,
+        description="work-dir files to read back after the run (regular files only)",
+    )
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str) -> str:
+        return canonical_language(v)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: dict[str, str | bytes]) -> dict[str, str | bytes]:
+        for name in v:
+            check_relative_path(name)
+        return v
+
+    @field_validator("collect")
+    @classmethod
+    def _collect(cls, v: list[str]) -> list[str]:
+        for name in v:
+            check_relative_path(name)
+        return v
+
+
+def check_relative_path(name: str) -> str:
+    """Reject paths that could leave the work dir: absolute, empty, ``..`` or NUL components."""
+    if not name or name.startswith("/") or "\0" in name:
+        raise ValueError(f"file name {name!r} must be a non-empty relative path")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"file name {name!r} must not contain '', '.' or '..' components")
+    if len(name) > 1024:
+        raise ValueError(f"file name {name[:40]!r}... is longer than 1024 characters")
+    return name
+
+
+class ExecResult(BaseModel):
+    """What one run did. ``compile`` holds the compile step of compiled languages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Status
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    compile: ExecResult | None = None
+    error: str | None = Field(None, description="why the infrastructure failed (sandbox_error)")
+    isolation: str | None = Field(None, description="isolation level the run used")
+    files: dict[str, bytes] = Field(
+        default_factory=dict, description="collected work-dir files (base64 in JSON)"
+    )
+    channel: bytes | None = Field(
+        None, exclude=True, description="bytes a trusted harness wrote on the result channel"
+    )
+
+    @field_serializer("files")
+    def _ser_files(self, files: dict[str, bytes]) -> dict[str, str]:
+        return {k: base64.b64encode(v).decode() for k, v in files.items()}
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _de_files(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {
+                k: base64.b64decode(x) if isinstance(x, str) else x for k, x in v.items()
+            }
+        return v
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @classmethod
+    def sandbox_error(cls, message: str, *, isolation: str | None = None) -> ExecResult:
+        return cls(status=Status.SANDBOX_ERROR, error=message, isolation=isolation)
+
+    def to_json(self) -> str:
+        """One-line JSON form (the ``--json`` / exec-batch output)."""
+        return self.model_dump_json(exclude_none=False)
