@@ -1,0 +1,223 @@
+"""The ``sandloop`` command line: doctor, exec, exec-batch (and the commands of later layers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from sandloop.sandbox import host
+from sandloop.sandbox.languages import LanguageUnavailable, spec_for
+from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
+from sandloop.sandbox.pool import SandboxPool
+from sandloop.sandbox.requests import BatchRequestError, ExecRequest, read_requests
+
+app = typer.Typer(
+    help="sandloop: isolated, fast execution and trustworthy rewards for RL post-training.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+err = Console(stderr=True)
+
+_EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
+        ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
+
+NoIsolation = Annotated[
+    bool,
+    typer.Option("--no-isolation",
+                 help="Explicit opt-out: run WITHOUT isolation (only for hosts that cannot "
+                      "isolate and code you trust). Results say isolation='none'."),
+]
+
+
+def _isolation(no_isolation: bool) -> str:
+    return "none" if no_isolation else "full"
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+) -> None:
+    """Report which isolation features work on this host and what `exec` will use."""
+    report = host.probe()
+    langs = {}
+    for lang in LANGUAGES:
+        try:
+            spec_for(lang).check_available()
+            langs[lang] = "ok"
+        except LanguageUnavailable as e:
+            langs[lang] = str(e)
+    slots = os.cpu_count() or 1
+    if as_json:
+        print(json.dumps({
+            "level": report.level,
+            "cgroup_version": report.cgroup_version,
+            "features": [{"name": f.name, "ok": f.ok, "detail": f.detail, "fix": f.fix}
+                         for f in report.features],
+            "languages": langs,
+            "default_slots": slots,
+        }))
+        raise typer.Exit(0 if report.full else 1)
+    out = Console()
+    t = Table(title="sandloop doctor: isolation on this host")
+    t.add_column("feature")
+    t.add_column("status")
+    t.add_column("detail")
+    for f in report.features:
+        t.add_row(f.name, "[green]ok[/]" if f.ok else "[red]missing[/]",
+                  f.detail + (f"\n[yellow]fix:[/] {f.fix}" if f.fix else ""))
+    out.print(t)
+    lt = Table(title="languages")
+    lt.add_column("language")
+    lt.add_column("status")
+    for lang, st in langs.items():
+        lt.add_row(lang, "[green]ok[/]" if st == "ok" else f"[red]{st}[/]")
+    out.print(lt)
+    if report.full:
+        out.print(f"[bold green]exec will use: full isolation[/] (pid/mount/net/ipc/uts "
+                  f"namespaces, per-slot uid, seccomp, cgroup v{report.cgroup_version}); "
+                  f"{slots} warm slots by default.")
+    else:
+        out.print("[bold red]exec will refuse to run untrusted code[/] (every run is a "
+                  "sandbox_error) until the missing features are fixed, unless you pass "
+                  "--no-isolation.")
+    raise typer.Exit(0 if report.full else 1)
+
+
+def _print_human(r: ExecResult) -> None:
+    if r.compile is not None and r.compile.status is not Status.OK:
+        sys.stderr.write(r.compile.stderr)
+    sys.stdout.write(r.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(r.stderr)
+    colour = "green" if r.ok else "red"
+    detail = f" exit={r.exit_code}" if r.exit_code is not None else ""
+    detail += f" signal={r.signal}" if r.signal is not None else ""
+    err.print(f"[{colour}]{r.status.value}[/]{detail} wall={r.wall_time_s:.3f}s "
+              f"cpu={r.cpu_time_s:.3f}s mem={r.peak_memory_mb:.1f}MiB"
+              + (f" [red]{r.error}[/]" if r.error else ""))
+
+
+@app.command("exec")
+def exec_(
+    source: Annotated[Path, typer.Argument(help="Program file ('-' reads standard input).")],
+    language: Annotated[str | None, typer.Option("--language", "-l",
+                                                 help=f"One of {', '.join(LANGUAGES)}; "
+                                                      "default: from the file extension.")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Wall-clock seconds.")] = 10.0,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory + swap, MiB.")] = 512,
+    stdin: Annotated[Path | None, typer.Option("--stdin", help="File fed to the program's stdin.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one ExecResult JSON object.")] = False,
+    no_isolation: NoIsolation = False,
+) -> None:
+    """Run one program in the sandbox."""
+    if str(source) == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = source.read_text()
+        except OSError as e:
+            err.print(f"[red]cannot read {source}: {e.strerror}[/]")
+            raise typer.Exit(2) from e
+    lang = language or _EXT.get(source.suffix.lower())
+    if lang is None:
+        err.print(f"[red]cannot tell the language of {source}; pass --language[/]")
+        raise typer.Exit(2)
+    try:
+        program = Program(language=lang, source=text,
+                          stdin=stdin.read_bytes() if stdin is not None else None)
+        limits = Limits(time_s=time_limit, memory_mb=memory_mb)
+    except (ValidationError, OSError) as e:
+        err.print(f"[red]invalid request: {e}[/]")
+        raise typer.Exit(2) from e
+
+    async def go() -> ExecResult:
+        async with SandboxPool(1, isolation=_isolation(no_isolation)) as pool:
+            return await pool.run(program, limits)
+
+    result = asyncio.run(go())
+    if as_json:
+        print(result.to_json())
+    else:
+        _print_human(result)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command("exec-batch")
+def exec_batch(
+    file: Annotated[Path, typer.Argument(help="JSONL: one request per line ('-' for stdin).")],
+    slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
+    table: Annotated[bool, typer.Option("--table", help="Print a readable table instead of JSONL.")] = False,
+    no_isolation: NoIsolation = False,
+) -> None:
+    """Run many programs in parallel; print one ExecResult JSON per line, in input order.
+
+    Each line: {"language", "source", "stdin", "files", "limits": {"time_s", "memory_mb", ...}}.
+    """
+    try:
+        lines = sys.stdin.read().splitlines() if str(file) == "-" else file.read_text().splitlines()
+        requests = read_requests(lines)
+    except OSError as e:
+        err.print(f"[red]cannot read {file}: {e.strerror}[/]")
+        raise typer.Exit(2) from e
+    except BatchRequestError as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from e
+    results = asyncio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table))
+    if table:
+        _print_table(requests, results)
+    raise typer.Exit(0 if all(r.status is not Status.SANDBOX_ERROR for r in results) else 1)
+
+
+async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: str,
+                     *, print_jsonl: bool) -> list[ExecResult]:
+    async with SandboxPool(slots, isolation=isolation) as pool:
+        tasks = [asyncio.ensure_future(pool.run(r.program, r.limits)) for r in requests]
+        results = []
+        for t in tasks:  # in input order, each as soon as it and all before it are done
+            r = await t
+            results.append(r)
+            if print_jsonl:
+                sys.stdout.write(r.to_json() + "\n")
+                sys.stdout.flush()
+        return results
+
+
+def _summary_line(r: ExecResult) -> str:
+    for text in (r.stdout, r.stderr, r.compile.stderr if r.compile else "", r.error or ""):
+        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+        if lines:
+            return (lines[0] if text is r.stdout else lines[-1])[:70]
+    return ""
+
+
+def _print_table(requests: list[ExecRequest], results: list[ExecResult]) -> None:
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    t = Table(title=f"sandloop exec-batch: {len(results)} programs")
+    for col in ("#", "name", "language", "status", "exit", "wall s", "cpu s", "peak MiB", "output"):
+        t.add_column(col, no_wrap=col != "name", overflow="ellipsis")
+    colours = {Status.OK: "green", Status.SANDBOX_ERROR: "magenta"}
+    for i, (req, r) in enumerate(zip(requests, results, strict=True), 1):
+        ended = f"sig {r.signal}" if r.signal is not None else (
+            "" if r.exit_code is None else str(r.exit_code))
+        t.add_row(str(i), req.name or "", req.program.language,
+                  f"[{colours.get(r.status, 'red')}]{r.status.value}[/]", ended,
+                  f"{r.wall_time_s:.3f}", f"{r.cpu_time_s:.3f}", f"{r.peak_memory_mb:.1f}",
+                  _summary_line(r))
+    out.print(t)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

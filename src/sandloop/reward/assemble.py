@@ -1,0 +1,96 @@
+"""Turn a model completion into the program that is tested (pure, no execution).
+
+Rules (documented in docs/rewards.md):
+
+* A Markdown code fence is unwrapped: the first fenced block is the code.
+* For function tasks, a completion that does not define the entry point continues the task's
+  starter code (HumanEval: it is appended to the prompt). One that does define it is used as is,
+  after the starter code when that code is complete on its own (so the prompt's imports and helper
+  functions stay available; the completion's definition replaces the stub).
+* Nothing usable (empty, or whitespace only) is a format error.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+from sandloop.tasks import Task
+
+__all__ = ["Assembled", "assemble", "defines", "extract_code"]
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+class Assembled(BaseModel):
+    """The program to test, and how it was obtained from the completion."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    how: str  # "appended", "standalone", "standalone+starter", "program"
+    fenced: bool = False
+    format_error: str | None = None
+
+
+def extract_code(completion: str) -> tuple[str, bool]:
+    """The code in ``completion``: the first fenced block if there is one, else the text itself."""
+    if "```" not in completion:
+        return completion, False
+    m = _FENCE.search(completion)
+    if m is None:
+        return completion, False
+    return m.group(2), True
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` parses and binds ``name`` at top level (def, class, assignment, import),
+    or defines it as a method of ``class Solution`` (LeetCode style)."""
+    try:
+        module = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return True
+            if isinstance(node, ast.ClassDef) and node.name == "Solution":
+                if any(
+                    isinstance(m, ast.FunctionDef) and m.name == name for m in node.body
+                ):
+                    return True
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if any((a.asname or a.name) == name for a in node.names):
+                return True
+    return False
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def assemble(task: Task, completion: str) -> Assembled:
+    """The program that tests of ``task`` run for ``completion``."""
+    code, fenced = extract_code(completion)
+    if not code.strip():
+        return Assembled(source="", how="program", fenced=fenced,
+                         format_error="the completion contains no code")
+    if task.test_kind == "stdio" or not task.entry_point:
+        return Assembled(source=code, how="program", fenced=fenced)
+    starter = task.starter_code
+    if defines(code, task.entry_point):
+        if starter.strip() and _parses(starter):
+            return Assembled(source=f"{starter}\n\n{code}", how="standalone+starter",
+                             fenced=fenced)
+        return Assembled(source=code, how="standalone", fenced=fenced)
+    # Appended verbatim, as HumanEval does: a completion may continue the prompt's last line.
+    return Assembled(source=starter + code, how="appended", fenced=fenced)

@@ -1,0 +1,434 @@
+"""Verify one completion of one task in the sandbox and turn the evidence into a reward.
+
+Python function, script and stdin/stdout tests run in ONE sandbox run per completion through the
+harness in :mod:`sandloop.reward.sandbox_harness` (per-test time limits inside). Return values and
+program outputs come back on the result channel (fd 3) and are compared here, outside the sandbox;
+exit codes and printed text are never evidence. Other languages' stdin/stdout tests run one sandbox
+run per test. Custom checkers run in their own sandbox runs.
+
+A ``sandbox_error`` (the infrastructure's failure) is retried; if it persists, the affected tests
+get the ``sandbox_error`` verdict and the reward is ``None`` with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import marshal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandloop.reward.assemble import assemble
+from sandloop.reward.compare import output_equal, values_equal
+from sandloop.reward.verdicts import (
+    RewardConfig,
+    TestOutcome,
+    Verdict,
+    overall_verdict,
+    shape_reward,
+)
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.tasks import CallTest, Checker, Comparison, IOTest, ScriptTest, Task
+from sandloop.tasks.values import ValueCodecError, decode
+
+__all__ = ["HARNESS_VERSION", "CompletionResult", "Runner", "Verifier", "completion_hash"]
+
+HARNESS_VERSION = "1"
+
+Runner = Callable[[Program, Limits], Awaitable[ExecResult]]
+
+
+def _harness_files() -> tuple[str, str]:
+    pkg = resources.files("sandloop.reward")
+    harness = pkg.joinpath("sandbox_harness.py").read_text(encoding="utf-8")
+    values = resources.files("sandloop.tasks").joinpath("values.py").read_text(encoding="utf-8")
+    return harness, values
+
+
+_HARNESS, _VALUES = _harness_files()
+_HARNESS_HASH = hashlib.sha256((_HARNESS + _VALUES).encode()).hexdigest()[:12]
+
+# The sandbox's Python is this interpreter, so the harness ships compiled (marshal): compiling its
+# source took ~20 ms of every run. The stub falls back to the source if the interpreter differs.
+_STUB = f"""\
+import marshal, os, sys, types
+_here = os.path.dirname(os.path.abspath(__file__))
+def _load(name):
+    path = os.path.join(_here, name)
+    if sys.implementation.cache_tag == {sys.implementation.cache_tag!r}:
+        with open(path + "c", "rb") as f:
+            return marshal.loads(f.read())
+    with open(path, encoding="utf-8") as f:
+        return compile(f.read(), name, "exec")
+_m = types.ModuleType("_sl_values")
+_m.__file__ = os.path.join(_here, "_sl_values.py")
+exec(_load("_sl_values.py"), _m.__dict__)
+sys.modules["_sl_values"] = _m
+exec(_load("_sl_harness.py"), globals())
+"""
+_FILES: dict[str, str | bytes] = {
+    "_sl_harness.py": _HARNESS,
+    "_sl_harness.pyc": marshal.dumps(compile(_HARNESS, "_sl_harness.py", "exec")),
+    "_sl_values.py": _VALUES,
+    "_sl_values.pyc": marshal.dumps(compile(_VALUES, "_sl_values.py", "exec")),
+}
+
+
+def completion_hash(completion: str) -> str:
+    """Content hash of a completion's text (the store key part)."""
+    return hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class PassCount(BaseModel):
+    """Passed and total counts of one group of tests."""
+
+    model_config = ConfigDict(frozen=True)
+    passed: int
+    total: int
+
+
+class CompletionResult(BaseModel):
+    """The score of one completion (one line of ``sandloop score`` output)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    task_version: str
+    completion_id: str
+    completion_hash: str
+    reward: float | None
+    reward_reason: str | None = None
+    verdict: Verdict
+    tests: list[TestOutcome]
+    public: PassCount
+    hidden: PassCount
+    timings: dict[str, float] = Field(default_factory=dict)
+    attempts: int = 1
+    assembled: str | None = Field(None, description="how the program was built from the completion")
+    format_error: str | None = None
+
+
+_STATUS_TO_VERDICT = {
+    "timeout": Verdict.TIMEOUT,
+    "memory": Verdict.MEMORY_LIMIT,
+    "syntax": Verdict.COMPILE_ERROR,
+}
+
+
+def _missing_verdict(r: ExecResult) -> Verdict:
+    """Verdict of a test with no record on the channel: the run ended before it reported."""
+    if r.status is Status.SANDBOX_ERROR:
+        return Verdict.SANDBOX_ERROR
+    if r.status is Status.TIMEOUT:
+        return Verdict.TIMEOUT
+    if r.status is Status.MEMORY_LIMIT:
+        return Verdict.MEMORY_LIMIT
+    if r.status is Status.COMPILE_ERROR:
+        return Verdict.COMPILE_ERROR
+    return Verdict.RUNTIME_ERROR
+
+
+def parse_channel(data: bytes | None) -> dict[str, dict[str, Any]]:
+    """Test records from the harness's channel, by test id (the first record of an id counts)."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in (data or b"").split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a record cut off by the end of the run
+        if isinstance(rec, dict) and rec.get("ev") == "test" and isinstance(rec.get("id"), str):
+            out.setdefault(rec["id"], rec)
+    return out
+
+
+class Verifier:
+    """Scores completions against tasks through a sandbox runner (``SandboxPool.run`` fits).
+
+    ``comparison`` overrides each task's own comparison settings; ``retries`` is how many times a
+    run that failed with ``sandbox_error`` is repeated; ``max_run_s`` caps one run's wall time.
+    """
+
+    def __init__(
+        self,
+        run: Runner,
+        *,
+        reward: RewardConfig | None = None,
+        comparison: Comparison | None = None,
+        retries: int = 2,
+        max_run_s: float = 120.0,
+        time_scale: float = 1.0,
+    ) -> None:
+        self.run = run
+        self.reward = reward or RewardConfig()
+        self.comparison = comparison
+        self.retries = retries
+        self.max_run_s = max_run_s
+        self.time_scale = time_scale
+
+    def config_hash(self) -> str:
+        """Hash of everything besides task and completion that affects a result."""
+        blob = json.dumps(
+            {
+                "harness": HARNESS_VERSION,
+                "harness_src": _HARNESS_HASH,
+                "reward": self.reward.model_dump(mode="json"),
+                "comparison": self.comparison.model_dump(mode="json") if self.comparison else None,
+                "max_run_s": self.max_run_s,
+                "time_scale": self.time_scale,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    async def _run_retrying(self, program: Program, limits: Limits) -> tuple[ExecResult, int]:
+        attempt = 0
+        while True:
+            attempt += 1
+            r = await self.run(program, limits)
+            if r.status is not Status.SANDBOX_ERROR or attempt > self.retries:
+                return r, attempt
+            await asyncio.sleep(0.05 * attempt)
+
+    async def verify(
+        self, task: Task, completion: str, completion_id: str | None = None
+    ) -> CompletionResult:
+        """Score one completion of ``task``."""
+        t0 = time.perf_counter()
+        cmp = self.comparison or task.comparison
+        asm = assemble(task, completion)
+        timings: dict[str, float] = {}
+        attempts = 1
+        if asm.format_error is not None:
+            outcomes = [
+                TestOutcome(name=t.name, verdict=Verdict.COMPILE_ERROR, hidden=task.is_hidden(t.name),
+                            weight=t.weight, detail=asm.format_error)
+                for t in task.tests
+            ]
+        else:
+            if task.language == "python":
+                judged, attempts, timings = await self._verify_harness(task, asm.source, cmp)
+            else:
+                judged, attempts, timings = await self._verify_per_test(task, asm.source, cmp)
+            outcomes = await self._apply_checker(task, judged)
+        reward, reason = shape_reward(
+            outcomes, self.reward, format_error=asm.format_error is not None
+        )
+        timings["total_s"] = round(time.perf_counter() - t0, 6)
+        pub = [o for o in outcomes if not o.hidden]
+        hid = [o for o in outcomes if o.hidden]
+        return CompletionResult(
+            task_id=task.id,
+            task_version=task.version,
+            completion_id=completion_id or completion_hash(completion)[:12],
+            completion_hash=completion_hash(completion),
+            reward=reward,
+            reward_reason=reason,
+            verdict=overall_verdict(outcomes),
+            tests=outcomes,
+            public=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in pub), total=len(pub)),
+            hidden=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in hid), total=len(hid)),
+            timings=timings,
+            attempts=attempts,
+            assembled=asm.how,
+            format_error=asm.format_error,
+        )
+
+    # -- python: one harness run ------------------------------------------------------------
+
+    def _plan(self, task: Task) -> tuple[dict[str, Any], Limits]:
+        per_test = task.limits.time_s * self.time_scale
+        tests: list[dict[str, Any]] = []
+        for t in task.tests:
+            if isinstance(t, CallTest):
+                tests.append({"id": t.name, "kind": "call", "args": t.args, "kwargs": t.kwargs,
+                              "timeout": per_test})
+            elif isinstance(t, ScriptTest):
+                tests.append({"id": t.name, "kind": "script", "source": t.source,
+                              "call": t.call, "timeout": per_test})
+            else:
+                # Output beyond twice the expected length cannot match; the cap keeps the
+                # channel small. Leaks only the expected length, which decides nothing.
+                cap = min(max(4096, 2 * len(t.expected_stdout.encode()) + 1024), 4 << 20)
+                tests.append({"id": t.name, "kind": "io", "stdin": t.stdin, "cap": cap,
+                              "timeout": per_test})
+        import_timeout = per_test + 2.0
+        budget = min(import_timeout + per_test * len(tests) + 1.0, self.max_run_s)
+        has_scripts = any(isinstance(t, ScriptTest) for t in task.tests)
+        plan = {
+            "mode": "stdio" if task.test_kind == "stdio" else "function",
+            "entry_point": task.entry_point,
+            # Helpers of the prompt (HumanEval's ``poly``) for test scripts, run by the driver.
+            "prelude": task.starter_code if has_scripts else "",
+            "import_timeout": import_timeout,
+            "budget": budget,
+            "tests": tests,
+        }
+        limits = Limits(
+            time_s=budget + 3.0,
+            memory_mb=task.limits.memory_mb,
+            # A stdin/stdout test forks a child per test; they run one at a time.
+            max_processes=64,
+        )
+        return plan, limits
+
+    async def _verify_harness(
+        self, task: Task, source: str, cmp: Comparison
+    ) -> tuple[list[_Judged], int, dict[str, float]]:
+        plan, limits = self._plan(task)
+        program = Program(
+            language="python",
+            source=_STUB,
+            stdin=json.dumps(plan, separators=(",", ":")),
+            files={"solution.py": source, **_FILES},
+        )
+        r, attempts = await self._run_retrying(program, limits)
+        records = parse_channel(r.channel)
+        outcomes = [self._judge(task, t, records.get(t.name), r, cmp) for t in task.tests]
+        timings = {"sandbox_wall_s": round(r.wall_time_s, 6), "sandbox_cpu_s": round(r.cpu_time_s, 6)}
+        return outcomes, attempts, timings
+
+    def _judge(
+        self, task: Task, test: CallTest | IOTest | ScriptTest, rec: dict[str, Any] | None,
+        r: ExecResult, cmp: Comparison,
+    ) -> _Judged:
+        hidden = task.is_hidden(test.name)
+
+        def out(v: Verdict, detail: str | None = None, t: float | None = None) -> TestOutcome:
+            return TestOutcome(name=test.name, verdict=v, hidden=hidden, weight=test.weight,
+                               time_s=t, detail=detail[:500] if detail else None)
+
+        if rec is None:
+            why = r.error if r.status is Status.SANDBOX_ERROR else f"run ended ({r.status.value})"
+            return out(_missing_verdict(r), f"no result recorded: {why}"), None
+        status = rec.get("status")
+        detail = rec.get("detail") if isinstance(rec.get("detail"), str) else None
+        t = rec.get("time") if isinstance(rec.get("time"), int | float) else None
+        if status in _STATUS_TO_VERDICT:
+            return out(_STATUS_TO_VERDICT[status], detail, t), None
+        if isinstance(test, ScriptTest):
+            if status == "passed":
+                return out(Verdict.PASSED, None, t), None
+            if status == "failed":
+                return out(Verdict.WRONG_ANSWER, detail, t), None
+            return out(Verdict.RUNTIME_ERROR, detail or str(status), t), None
+        if status != "ok":
+            return out(Verdict.RUNTIME_ERROR, detail or str(status), t), None
+        if isinstance(test, CallTest):
+            try:
+                actual = decode(rec.get("value"))
+            except ValueCodecError as e:
+                return out(Verdict.RUNTIME_ERROR, f"malformed value: {e}", t), None
+            ok = values_equal(decode(test.expected), actual, cmp.values,
+                              rel_tol=cmp.rel_tol, abs_tol=cmp.abs_tol)
+            return out(Verdict.PASSED if ok else Verdict.WRONG_ANSWER,
+                       None if ok else f"returned {_short(actual)}", t), None
+        stdout = rec.get("stdout")
+        if not isinstance(stdout, str):
+            return out(Verdict.RUNTIME_ERROR, "no output recorded", t), None
+        if rec.get("truncated"):
+            return out(Verdict.WRONG_ANSWER, "output longer than twice the expected output", t), None
+        return _judge_output(test, stdout, cmp, out(Verdict.PASSED, None, t), task.checker)
+
+    # -- other languages: one run per stdin/stdout test --------------------------------------
+
+    async def _verify_per_test(
+        self, task: Task, source: str, cmp: Comparison
+    ) -> tuple[list[_Judged], int, dict[str, float]]:
+        per_test = task.limits.time_s * self.time_scale
+        limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
+        tests = [t for t in task.tests if isinstance(t, IOTest)]
+        runs = await asyncio.gather(*(
+            self._run_retrying(Program(language=task.language, source=source, stdin=t.stdin),
+                               limits)
+            for t in tests
+        ))
+        outcomes: list[_Judged] = []
+        for t, (r, _) in zip(tests, runs, strict=True):
+            hidden = task.is_hidden(t.name)
+
+            def out(v: Verdict, detail: str | None = None, tm: float | None = None,
+                    _t: IOTest = t, _h: bool = hidden) -> TestOutcome:
+                return TestOutcome(name=_t.name, verdict=v, hidden=_h, weight=_t.weight,
+                                   time_s=tm, detail=detail[:500] if detail else None)
+
+            if r.status is Status.OK:
+                outcomes.append(_judge_output(t, r.stdout, cmp, out(Verdict.PASSED, None, r.wall_time_s),
+                                              task.checker))
+            elif r.status is Status.OUTPUT_LIMIT:
+                outcomes.append((out(Verdict.WRONG_ANSWER, "output limit exceeded", r.wall_time_s),
+                                 None))
+            else:
+                v = _missing_verdict(r)
+                detail = r.error or (r.compile.stderr[-300:] if r.compile else r.stderr[-300:])
+                outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
+        timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r, _ in runs), 6)}
+        return outcomes, max((a for _, a in runs), default=1), timings
+
+    # -- checkers ---------------------------------------------------------------------------
+
+    async def _apply_checker(self, task: Task, judged: list[_Judged]) -> list[TestOutcome]:
+        """Run the task's checker on every output waiting for one (each in its own sandbox)."""
+        checker = task.checker
+        if checker is None:
+            return [o for o, _ in judged]
+        by_name = {t.name: t for t in task.tests if isinstance(t, IOTest)}
+        limits = Limits(time_s=max(10.0, task.limits.time_s * 2), memory_mb=1024)
+
+        async def check(o: TestOutcome, stdout: str | None) -> TestOutcome:
+            if stdout is None:
+                return o
+            test = by_name[o.name]
+            program = Program(
+                language=checker.language,
+                source=checker.source,
+                files={"input.txt": test.stdin, "output.txt": stdout,
+                       "answer.txt": test.expected_stdout},
+                argv=["input.txt", "output.txt", "answer.txt"],
+            )
+            r, _ = await self._run_retrying(program, limits)
+            if r.status is Status.SANDBOX_ERROR:
+                return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
+                                            "detail": f"checker: {r.error}"})
+            if r.status is Status.OK:
+                return o
+            # A checker that rejects, or fails on this output, does not accept it. Its failure is
+            # recorded, never turned into a null reward that a completion could provoke.
+            tail = (r.stdout or r.stderr)[-200:]
+            why = f"checker: {r.status.value}, exit {r.exit_code}: {tail}"
+            return o.model_copy(update={"verdict": Verdict.WRONG_ANSWER, "detail": why})
+
+        return list(await asyncio.gather(*(check(o, out) for o, out in judged)))
+
+
+# A judged test, and the program output still waiting for the task's checker (if any).
+_Judged = tuple[TestOutcome, str | None]
+
+
+def _judge_output(
+    test: IOTest, stdout: str, cmp: Comparison, passed: TestOutcome, checker: Checker | None
+) -> _Judged:
+    if checker is not None:
+        return passed, stdout
+    if output_equal(test.expected_stdout, stdout, cmp.output, rel_tol=cmp.rel_tol,
+                    abs_tol=cmp.abs_tol):
+        return passed, None
+    return passed.model_copy(update={"verdict": Verdict.WRONG_ANSWER,
+                                     "detail": f"output {_short(stdout)}"}), None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def task_set_hash(tasks: Sequence[Task]) -> str:
+    """Hash of a task set's ids and versions."""
+    return hashlib.sha256("\n".join(f"{t.id}@{t.version}" for t in tasks).encode()).hexdigest()[:16]

@@ -1,0 +1,96 @@
+"""How each language is compiled and run inside the sandbox."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from sandloop.sandbox.models import canonical_language
+
+WORK_DIR = "/sandbox"  # must match zygote.WORK_DIR
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class LanguageUnavailable(RuntimeError):
+    """The toolchain for a language is not installed on this host."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One sandboxed process: either exec an argv, or run a Python file in the warm zygote."""
+
+    mode: str  # "exec" | "python"
+    argv: tuple[str, ...]
+    path: str = ""
+
+    def to_wire(self) -> dict[str, object]:
+        return {"mode": self.mode, "argv": list(self.argv), "path": self.path}
+
+
+@dataclass(frozen=True)
+class LanguageSpec:
+    name: str
+    main_file: str
+    compile: Step | None
+    run: Step
+    tools: tuple[str, ...]  # host binaries that must exist
+
+    def check_available(self) -> None:
+        missing = [t for t in self.tools if shutil.which(t, path=SANDBOX_PATH) is None]
+        if missing:
+            raise LanguageUnavailable(
+                f"{self.name}: {', '.join(missing)} not found; install it "
+                f"(Debian: apt-get install {' '.join(_DEBIAN_PKG.get(t, t) for t in missing)})"
+            )
+
+
+_DEBIAN_PKG = {"gcc": "gcc", "g++": "g++", "node": "nodejs", "bash": "bash"}
+
+
+def _exe(name: str) -> str:
+    return shutil.which(name, path=SANDBOX_PATH) or f"/usr/bin/{name}"
+
+
+def spec_for(language: str, argv: tuple[str, ...] = ()) -> LanguageSpec:
+    """The compile and run steps for ``language``; ``argv`` is passed to the program."""
+    lang = canonical_language(language)
+    w = WORK_DIR
+    if lang == "python":
+        return LanguageSpec("python", "main.py", None,
+                            Step("python", argv, path=f"{w}/main.py"), ())
+    if lang == "c":
+        return LanguageSpec(
+            "c", "main.c",
+            Step("exec", (_exe("gcc"), "-O2", "-std=gnu17", "-pipe", "-o", f"{w}/main",
+                          f"{w}/main.c", "-lm")),
+            Step("exec", (f"{w}/main", *argv)), ("gcc",))
+    if lang == "cpp":
+        return LanguageSpec(
+            "cpp", "main.cpp",
+            Step("exec", (_exe("g++"), "-O2", "-std=gnu++17", "-pipe", "-o", f"{w}/main",
+                          f"{w}/main.cpp", "-lm")),
+            Step("exec", (f"{w}/main", *argv)), ("g++",))
+    if lang == "javascript":
+        return LanguageSpec("javascript", "main.js", None,
+                            Step("exec", (_exe("node"), f"{w}/main.js", *argv)), ("node",))
+    if lang == "bash":
+        return LanguageSpec("bash", "main.sh", None,
+                            Step("exec", (_exe("bash"), f"{w}/main.sh", *argv)), ("bash",))
+    raise LanguageUnavailable(f"no runner for {lang}")  # pragma: no cover - guarded by canonical
+
+
+def sandbox_env(language: str) -> dict[str, str]:
+    """The whole environment a program sees: nothing inherited from the host."""
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": WORK_DIR,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "USER": "sandbox",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
+    if language == "javascript":
+        env["NODE_OPTIONS"] = ""
+    return env

@@ -1,0 +1,73 @@
+"""Turning what the supervisor observed into an ExecResult status (pure functions).
+
+Order matters: the infrastructure's failures first (never blamed on the program), then what the
+supervisor itself did (killed for wall time, CPU or output), then what the kernel reported
+(OOM kill), then the program's own exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as signal_module
+
+from sandloop.sandbox.models import ExecResult, Status
+from sandloop.sandbox.slot import StepOutcome
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", errors="replace")
+
+
+def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResult:
+    exit_code: int | None = None
+    sig: int | None = None
+    if o.wait_status is not None:
+        if os.WIFSIGNALED(o.wait_status):
+            sig = os.WTERMSIG(o.wait_status)
+        elif os.WIFEXITED(o.wait_status):
+            exit_code = os.WEXITSTATUS(o.wait_status)
+    stats = o.stats
+    cpu = stats.cpu_s if stats else o.rusage.get("utime", 0.0) + o.rusage.get("stime", 0.0)
+    peak = (stats.peak_memory_bytes if stats else int(o.rusage.get("maxrss_kb", 0)) * 1024) / (1 << 20)
+
+    if o.infra_error is not None or o.setup_error is not None:
+        status = Status.SANDBOX_ERROR
+    elif o.killed_for == "output":
+        status = Status.OUTPUT_LIMIT
+    elif o.killed_for in ("wall", "cpu"):
+        status = Status.TIMEOUT
+    elif stats is not None and stats.oom_killed:
+        status = Status.MEMORY_LIMIT
+    elif sig == signal_module.SIGXCPU or (sig == signal_module.SIGKILL and cpu > cpu_limit_s):
+        status = Status.TIMEOUT
+    elif exit_code == 0:
+        status = Status.OK
+    elif (
+        stats is not None
+        and stats.memory_failcnt > 0
+        and (b"MemoryError" in o.stderr[-4096:] or b"bad_alloc" in o.stderr[-4096:]
+             or b"out of memory" in o.stderr[-4096:].lower())
+    ):
+        # The allocation failed at the limit and the runtime reported it instead of dying.
+        status = Status.MEMORY_LIMIT
+    else:
+        status = Status.RUNTIME_ERROR
+    error = None
+    if status is Status.SANDBOX_ERROR:
+        error = o.infra_error or f"sandbox setup failed: {o.setup_error}"
+    return ExecResult(
+        status=status,
+        exit_code=exit_code,
+        signal=sig,
+        stdout=_text(o.stdout),
+        stderr=_text(o.stderr),
+        stdout_truncated=o.stdout_truncated,
+        stderr_truncated=o.stderr_truncated,
+        wall_time_s=round(o.wall_s, 6),
+        cpu_time_s=round(cpu, 6),
+        peak_memory_mb=round(peak, 3),
+        error=error,
+        isolation=isolation,
+        files=o.files,
+        channel=o.channel or None,
+    )

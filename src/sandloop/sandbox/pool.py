@@ -1,0 +1,280 @@
+"""A pool of warm slots: the sandbox layer's entry point (``SandboxPool``, ``run``, ``run_batch``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from sandloop.sandbox import cgroups, host
+from sandloop.sandbox.languages import LanguageUnavailable, sandbox_env, spec_for
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.outcome import classify
+from sandloop.sandbox.safefs import pack_files
+from sandloop.sandbox.seccomp_policy import compile_filter
+from sandloop.sandbox.slot import Slot, SlotBroken, SlotConfig, StepLimits, StepOutcome, default_python
+from sandloop.sandbox.unisolated import run_unisolated
+
+ISOLATION_LEVELS = ("full", "none")
+DEFAULT_UID_BASE = 61000
+
+
+class IsolationUnavailable(RuntimeError):
+    """Full isolation was requested but the host cannot provide it (see ``sandloop doctor``)."""
+
+
+def _as_bytes(v: str | bytes | None) -> bytes:
+    if v is None:
+        return b""
+    return v.encode() if isinstance(v, str) else v
+
+
+def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
+    if compile_step:
+        return StepLimits(
+            wall_s=limits.compile_time_s, cpu_s=limits.compile_time_s,
+            memory_bytes=limits.compile_memory_mb << 20, max_pids=max(64, limits.max_processes),
+            cpus=1.0, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
+            workdir_mb=max(limits.workdir_mb, 128), workdir_inodes=max(limits.workdir_inodes, 4096),
+            open_files=max(limits.open_files, 256),
+        )
+    return StepLimits(
+        wall_s=limits.time_s, cpu_s=limits.cpu_limit_s, memory_bytes=limits.memory_mb << 20,
+        max_pids=limits.max_processes, cpus=limits.cpus, stdout_bytes=limits.stdout_bytes,
+        stderr_bytes=limits.stderr_bytes, kill_output_bytes=limits.kill_output_bytes,
+        workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
+        open_files=limits.open_files,
+    )
+
+
+class SandboxPool:
+    """Warm fork-server slots that run untrusted programs with every isolation layer on.
+
+    Use as an async context manager::
+
+        async with SandboxPool() as pool:
+            result = await pool.run(Program(language="python", source="print(1)"))
+
+    ``slots`` defaults to the number of CPU cores. ``isolation="none"`` is the explicit opt-out
+    for hosts that cannot isolate (results then carry ``isolation: "none"``); with the default
+    ``"full"``, a host that lacks a required feature makes every run a ``sandbox_error`` that
+    names what is missing.
+    """
+
+    def __init__(
+        self,
+        slots: int | None = None,
+        *,
+        isolation: str = "full",
+        python: str | None = None,
+        uid_base: int = DEFAULT_UID_BASE,
+        max_runs_per_slot: int = 5000,
+    ) -> None:
+        if isolation not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation must be one of {ISOLATION_LEVELS}, got {isolation!r}")
+        self.size = slots if slots is not None else (os.cpu_count() or 1)
+        if self.size < 1:
+            raise ValueError("a pool needs at least one slot")
+        self.isolation = isolation
+        self.python = python or default_python()
+        self.uid_base = uid_base
+        self.max_runs_per_slot = max_runs_per_slot
+        self.pool_id = f"p{os.getpid()}x{secrets.token_hex(3)}"
+        self.report: host.HostReport | None = None
+        self._unavailable: str | None = None
+        self._slots: list[Slot] = []
+        self._free: asyncio.Queue[Slot] | None = None
+        self._config: SlotConfig | None = None
+        self._started = False
+        self._unisolated_sem: asyncio.Semaphore | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.isolation == "none":
+            self._unisolated_sem = asyncio.Semaphore(self.size)
+            return
+        self.report = await asyncio.get_running_loop().run_in_executor(None, host.probe)
+        if not self.report.full:
+            self._unavailable = self.report.problem()
+            return
+        backend = cgroups.detect()
+        cgroups.sweep_leftovers(backend, alive=set())
+        base = host.run_base_dir()
+        _sweep_stale_dirs(base)
+        binds, symlinks = host.runtime_binds(self.python)
+        self._config = SlotConfig(
+            python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
+            bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id,
+        )
+        self._free = asyncio.Queue()
+        self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config)
+                       for i in range(self.size)]
+        results = await asyncio.gather(*(s.start() for s in self._slots), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.close()
+            raise IsolationUnavailable(f"cannot start sandbox slots: {errors[0]}")
+        for s in self._slots:
+            self._free.put_nowait(s)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self._slots), return_exceptions=True)
+        self._slots = []
+        self._started = False
+
+    async def __aenter__(self) -> SandboxPool:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def isolation_level(self) -> str:
+        if self.isolation == "none":
+            return "none"
+        return "full" if self._unavailable is None else "unavailable"
+
+    # -- running --------------------------------------------------------------------------------
+    async def run(self, program: Program, limits: Limits | None = None) -> ExecResult:
+        """Run one program (compiling it first if its language needs it)."""
+        if not self._started:
+            await self.start()
+        limits = limits or Limits()
+        try:
+            spec = spec_for(program.language, tuple(program.argv))
+            spec.check_available()
+        except LanguageUnavailable as e:
+            return ExecResult.sandbox_error(str(e), isolation=self.isolation_level)
+        if self.isolation == "none":
+            assert self._unisolated_sem is not None
+            async with self._unisolated_sem:
+                return await run_unisolated(program, limits, spec, self.python)
+        if self._unavailable is not None:
+            return ExecResult.sandbox_error(self._unavailable, isolation="unavailable")
+        # One transparent retry on another slot when a slot breaks under us: a broken zygote
+        # is the infrastructure's fault and must not become the program's verdict.
+        result = await self._run_isolated(program, limits)
+        if result.status is Status.SANDBOX_ERROR and result.error and "slot" in result.error:
+            result = await self._run_isolated(program, limits)
+        return result
+
+    async def run_batch(
+        self, programs: Sequence[Program], limits: Limits | Sequence[Limits] | None = None
+    ) -> list[ExecResult]:
+        """Run many programs over all slots; results come back in input order."""
+        if isinstance(limits, Sequence):
+            if len(limits) != len(programs):
+                raise ValueError("limits must be one Limits or one per program")
+            per = list(limits)
+        else:
+            per = [limits or Limits()] * len(programs)
+        return list(await asyncio.gather(*(self.run(p, lim) for p, lim in zip(programs, per, strict=True))))
+
+    async def _acquire(self) -> Slot:
+        assert self._free is not None
+        slot = await self._free.get()
+        if slot.broken or slot.runs >= self.max_runs_per_slot:
+            await slot.close()
+            try:
+                await slot.start()
+                slot.runs = 0
+            except SlotBroken:
+                slot.broken = True
+        return slot
+
+    async def _run_isolated(self, program: Program, limits: Limits) -> ExecResult:
+        slot = await self._acquire()
+        assert self._free is not None
+        try:
+            if slot.broken:
+                return ExecResult.sandbox_error("sandbox slot could not be restarted",
+                                                isolation="full")
+            return await self._run_on(slot, program, limits)
+        except SlotBroken as e:
+            slot.broken = True
+            return ExecResult.sandbox_error(f"sandbox slot failed: {e}", isolation="full")
+        finally:
+            self._free.put_nowait(slot)
+
+    async def _run_on(self, slot: Slot, program: Program, limits: Limits) -> ExecResult:
+        spec = spec_for(program.language, tuple(program.argv))
+        files = {name: _as_bytes(v) for name, v in program.files.items()}
+        files[spec.main_file] = program.source.encode()
+        env = sandbox_env(spec.name)
+        work = slot.new_work_id()
+        try:
+            compile_result: ExecResult | None = None
+            if spec.compile is not None:
+                c = await slot.execute(
+                    spec.compile, _step_limits(limits, compile_step=True), work=work,
+                    stdin=b"", files=pack_files(files), env=env,
+                )
+                compile_result = classify(c, cpu_limit_s=limits.compile_time_s, isolation="full")
+                if compile_result.status is not Status.OK:
+                    status = (Status.SANDBOX_ERROR if compile_result.status is Status.SANDBOX_ERROR
+                              else Status.COMPILE_ERROR)
+                    return ExecResult(status=status, compile=compile_result, isolation="full",
+                                      error=compile_result.error,
+                                      wall_time_s=compile_result.wall_time_s)
+                files = {}
+            o: StepOutcome = await slot.execute(
+                spec.run, _step_limits(limits, compile_step=False), work=work,
+                stdin=_as_bytes(program.stdin), files=pack_files(files), env=env,
+                collect=tuple(program.collect),
+            )
+            result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
+            if compile_result is not None:
+                result = result.model_copy(update={"compile": compile_result})
+            return result
+        finally:
+            if not slot.broken:
+                await slot.remove_work(work)
+
+
+def _sweep_stale_dirs(base: Path) -> None:
+    """Remove slot mount points of pools whose process is gone (after a crash)."""
+    for d in base.iterdir():
+        name = d.name
+        if not name.startswith("p") or "x" not in name:
+            continue
+        pid_txt = name[1:].split("x", 1)[0]
+        if pid_txt.isdigit() and not Path(f"/proc/{pid_txt}").exists():
+            with contextlib.suppress(OSError):
+                shutil.rmtree(d)
+
+
+# -- sync convenience ----------------------------------------------------------------------------
+
+
+def run(program: Program, limits: Limits | None = None, *, isolation: str = "full") -> ExecResult:
+    """Run one program with a temporary one-slot pool (scripts; use SandboxPool for throughput)."""
+
+    async def go() -> ExecResult:
+        async with SandboxPool(1, isolation=isolation) as pool:
+            return await pool.run(program, limits)
+
+    return asyncio.run(go())
+
+
+def run_batch(
+    programs: Sequence[Program], limits: Limits | None = None, *, slots: int | None = None,
+    isolation: str = "full",
+) -> list[ExecResult]:
+    """Run many programs in parallel with a temporary pool; results in input order."""
+
+    async def go() -> list[ExecResult]:
+        async with SandboxPool(slots, isolation=isolation) as pool:
+            return await pool.run_batch(programs, limits)
+
+    return asyncio.run(go())

@@ -1,0 +1,63 @@
+"""The JSONL request format of ``sandloop exec-batch``, validated with errors that name the line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandloop.sandbox.models import FileContent, Limits, Program
+
+
+class BatchRequestError(ValueError):
+    """A request line is malformed; the message names the line and the field."""
+
+
+class ExecRequest(BaseModel):
+    """One line of an exec-batch file: a Program's fields plus its limits and an optional name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    language: str = "python"
+    source: str
+    stdin: FileContent | None = None
+    files: dict[str, FileContent] = Field(default_factory=dict)
+    argv: list[str] = Field(default_factory=list)
+    collect: list[str] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+    name: str | None = Field(None, description="free-form label, echoed in tables")
+
+    @property
+    def program(self) -> Program:
+        return Program(language=self.language, source=self.source, stdin=self.stdin,
+                       files=self.files, argv=self.argv, collect=self.collect)
+
+
+def _where(e: ValidationError) -> str:
+    parts = []
+    for d in e.errors()[:3]:
+        loc = ".".join(str(x) for x in d["loc"]) or "(line)"
+        parts.append(f"{loc}: {d['msg']}")
+    return "; ".join(parts)
+
+
+def read_requests(lines: Iterable[str]) -> list[ExecRequest]:
+    """Parse and validate every line first, so a bad line fails the batch before anything runs."""
+    out: list[ExecRequest] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BatchRequestError(f"line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
+        if not isinstance(data, dict):
+            raise BatchRequestError(f"line {n}: expected a JSON object, got {type(data).__name__}")
+        try:
+            req = ExecRequest.model_validate(data)
+            req.program  # noqa: B018 - validates language and file names
+        except ValidationError as e:
+            raise BatchRequestError(f"line {n}: {_where(e)}") from e
+        out.append(req)
+    return out

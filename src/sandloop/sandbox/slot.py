@@ -1,0 +1,463 @@
+"""The supervisor side of one slot: a warm zygote, and the outside enforcement of every run.
+
+The program's own process tree cannot be trusted to report anything, so everything that decides
+a status is observed from here: the wall deadline, the output byte counts, CPU time and peak
+memory from the run's cgroup, OOM kills from the cgroup's counters, and the exit status from the
+zygote (the child's real parent).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandloop.sandbox import zygote as zygote_module
+from sandloop.sandbox.cgroups import CgroupBackend, CgroupError, CgroupLimits, CgroupStats, SlotCgroup
+from sandloop.sandbox.languages import Step
+from sandloop.sandbox.safefs import UnsafePath, read_regular, sealed_memfd
+
+CHANNEL_MAX_BYTES = 16 << 20
+READ_CHUNK = 1 << 16
+
+
+class SlotBroken(RuntimeError):
+    """The slot's zygote died or misbehaved; the pool replaces the slot."""
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """What every slot of a pool shares."""
+
+    python: str
+    base_dir: Path
+    binds: tuple[str, ...]
+    symlinks: dict[str, str]
+    bpf: bytes
+    cgroups: CgroupBackend
+    pool_id: str
+
+
+@dataclass
+class StepLimits:
+    """The limits of one sandboxed process (a compile step or a run step)."""
+
+    wall_s: float
+    cpu_s: float
+    memory_bytes: int
+    max_pids: int
+    cpus: float
+    stdout_bytes: int
+    stderr_bytes: int
+    kill_output_bytes: int
+    workdir_mb: int
+    workdir_inodes: int
+    open_files: int
+
+
+@dataclass
+class StepOutcome:
+    """Raw observations of one step, before they are turned into an ExecResult."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    channel: bytes = b""
+    wall_s: float = 0.0
+    wait_status: int | None = None
+    setup_error: str | None = None
+    killed_for: str | None = None  # "wall" | "cpu" | "output"
+    stats: CgroupStats | None = None
+    rusage: dict[str, float] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    infra_error: str | None = None
+
+
+class _Capture:
+    """Non-blocking reader of one pipe, keeping at most ``cap`` bytes and counting the rest."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd = fd
+        self.cap = cap
+        self.buf = bytearray()
+        self.total = 0
+        self.eof = asyncio.get_running_loop().create_future()
+
+    def on_readable(self, on_bytes: Any) -> None:
+        try:
+            while True:
+                chunk = os.read(self.fd, READ_CHUNK)
+                if not chunk:
+                    self._finish()
+                    return
+                self.total += len(chunk)
+                room = self.cap - len(self.buf)
+                if room > 0:
+                    self.buf += chunk[:room]
+                on_bytes(len(chunk))
+                if len(chunk) < READ_CHUNK:
+                    return
+        except BlockingIOError:
+            return
+        except OSError:
+            self._finish()
+
+    def _finish(self) -> None:
+        # At EOF the fd stays readable forever: stop watching it.
+        asyncio.get_running_loop().remove_reader(self.fd)
+        if not self.eof.done():
+            self.eof.set_result(None)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.buf)
+
+
+class Slot:
+    """One warm zygote with its own unprivileged uid/gid; runs one step at a time."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, index: int, uid: int, gid: int, config: SlotConfig) -> None:
+        self.index = index
+        self.uid = uid
+        self.gid = gid
+        self.config = config
+        self.name = f"{config.pool_id}-s{index}"
+        self.base = config.base_dir / self.name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.runs = 0
+        self.broken = False
+        self.cg: SlotCgroup | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.cg is None:
+            self.cg = self.config.cgroups.create(self.name)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cfg = {
+            "cgroups": self.cg.procs_files,
+            "base": str(self.base),
+            "uid": self.uid,
+            "gid": self.gid,
+            "bpf": self.config.bpf.hex(),
+            "binds": list(self.config.binds),
+            "symlinks": self.config.symlinks,
+        }
+        try:
+            self.proc = subprocess.Popen(
+                [self.config.python, "-I", zygote_module.__file__, json.dumps(cfg),
+                 str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                close_fds=True,
+            )
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self.sock = parent
+        hello = await self._recv(timeout=30.0)
+        if not hello.get("ok"):
+            await self.close()
+            raise SlotBroken(str(hello.get("error", "zygote failed to start")))
+        self.broken = False
+
+    async def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
+            self.proc = None
+        if self.cg is not None:
+            with contextlib.suppress(CgroupError):
+                self.cg.remove()
+            self.cg = None
+        with contextlib.suppress(OSError):
+            self.base.rmdir()
+
+    @property
+    def zygote_pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def work_root(self, work: str) -> str:
+        """The work dir as the supervisor sees it (through the zygote's mount namespace)."""
+        return f"/proc/{self.zygote_pid}/root{self.base}/work/{work}"
+
+    def new_work_id(self) -> str:
+        return f"w{next(self._ids)}"
+
+    # -- messaging ------------------------------------------------------------------------------
+    async def _recv(self, timeout: float) -> dict[str, Any]:
+        assert self.sock is not None
+        loop = asyncio.get_running_loop()
+        sock = self.sock
+        fut: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                data, fds = _recv_with_fds(sock)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                loop.remove_reader(sock.fileno())
+                if not fut.done():
+                    fut.set_exception(e)
+                return
+            loop.remove_reader(sock.fileno())
+            if not fut.done():
+                fut.set_result((data, fds))
+
+        loop.add_reader(sock.fileno(), readable)
+        try:
+            data, fds = await asyncio.wait_for(fut, timeout)
+        except (TimeoutError, OSError) as e:
+            loop.remove_reader(sock.fileno())
+            self.broken = True
+            raise SlotBroken(f"zygote of slot {self.index} did not answer: {e!r}") from e
+        if not data:
+            self.broken = True
+            raise SlotBroken(f"zygote of slot {self.index} exited")
+        reply: dict[str, Any] = json.loads(data)
+        if fds:
+            reply["_fds"] = fds
+        return reply
+
+    async def _request(self, msg: dict[str, Any], fds: list[int] = (), timeout: float = 10.0) -> dict[str, Any]:  # type: ignore[assignment]
+        if self.sock is None or self.broken:
+            raise SlotBroken(f"slot {self.index} is not running")
+        payload = json.dumps(msg).encode()
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        try:
+            self.sock.sendmsg([payload], anc)
+        except OSError as e:
+            self.broken = True
+            raise SlotBroken(f"cannot reach zygote of slot {self.index}: {e}") from e
+        return await self._recv(timeout)
+
+    async def remove_work(self, work: str) -> None:
+        reply = await self._request({"op": "rmwork", "work": work})
+        if not reply.get("ok"):
+            self.broken = True
+            raise SlotBroken(f"cannot remove work dir: {reply.get('error')}")
+
+    # -- one step -------------------------------------------------------------------------------
+    async def execute(
+        self,
+        step: Step,
+        limits: StepLimits,
+        *,
+        work: str,
+        stdin: bytes,
+        files: bytes,
+        env: dict[str, str],
+        collect: tuple[str, ...] = (),
+    ) -> StepOutcome:
+        """Run one step in a fresh child and observe it until every process of it is gone."""
+        self.runs += 1
+        out = StepOutcome()
+        assert self.cg is not None
+        cg = self.cg
+        try:
+            base = cg.arm(CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus), keep=1)
+        except (CgroupError, OSError) as e:
+            self.broken = True
+            out.infra_error = f"cannot arm the slot cgroup: {e}"
+            return out
+        fds = self._make_fds(stdin, files)
+        try:
+            await self._run_child(step, limits, work, env, cg, base, fds, out)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        try:
+            out.stats = cg.stats(base)
+        except OSError as e:
+            out.infra_error = f"cannot read cgroup statistics: {e}"
+        # The pid namespace is gone with its init; anything still in the group is a leak.
+        if len(cg.pids()) > 1 and not cg.kill_all(exclude=self.zygote_pid):
+            self.broken = True
+            out.infra_error = "run left processes behind that could not be killed"
+        for name in collect:
+            with contextlib.suppress(FileNotFoundError, UnsafePath, NotADirectoryError):
+                out.files[name] = read_regular(self.work_root(work), name, limits.stdout_bytes)
+        return out
+
+    def _make_fds(self, stdin: bytes, files: bytes) -> list[int]:
+        # Order matters: zygote.Zygote.handle expects
+        # [stdin, files, stdout(w), stderr(w), channel(w), status(w)] and we keep the read ends.
+        fds = [sealed_memfd("stdin", stdin), sealed_memfd("files", files)]
+        for _ in range(4):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            fds.append(w)
+            fds.append(r)
+        # fds = [stdin, files, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r]
+        return fds
+
+    async def _run_child(
+        self,
+        step: Step,
+        limits: StepLimits,
+        work: str,
+        env: dict[str, str],
+        cg: SlotCgroup,
+        base: Any,
+        fds: list[int],
+        out: StepOutcome,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        stdin_fd, files_fd, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r = fds
+        rlimits = {
+            "RLIMIT_CORE": 0,
+            "RLIMIT_NOFILE": limits.open_files,
+            "RLIMIT_FSIZE": limits.workdir_mb << 20,
+            # A per-process backstop; the cgroup total is enforced from here.
+            "RLIMIT_CPU": math.ceil(limits.cpu_s) + 1,
+            "RLIMIT_STACK": min(limits.memory_bytes, 256 << 20),
+        }
+        msg = {
+            "op": "run",
+            "work": work,
+            "workdir_mb": limits.workdir_mb,
+            "workdir_inodes": limits.workdir_inodes,
+            "rlimits": rlimits,
+            "env": env,
+            "exec": step.to_wire(),
+        }
+        captures = {
+            "out": _Capture(out_r, limits.stdout_bytes),
+            "err": _Capture(err_r, limits.stderr_bytes),
+            "chan": _Capture(chan_r, CHANNEL_MAX_BYTES),
+        }
+        status = _Capture(st_r, 1 << 16)
+        pid: int | None = None
+        pidfd: int | None = None
+        total_out = 0
+
+        def kill(reason: str) -> None:
+            if out.killed_for is None:
+                out.killed_for = reason
+            if pidfd is not None:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            # The pid namespace dies with its init; the cgroup sweep is the backstop.
+            cg.kill_all(exclude=self.zygote_pid, timeout_s=0.0)
+
+        def on_out(n: int) -> None:
+            nonlocal total_out
+            total_out += n
+            if total_out > limits.kill_output_bytes:
+                kill("output")
+
+        start = time.monotonic()
+        for fd in (out_r, err_r, chan_r, st_r):
+            os.set_blocking(fd, False)
+        try:
+            reply = await self._request(
+                msg, [stdin_fd, files_fd, out_w, err_w, chan_w, st_w], timeout=30.0
+            )
+        finally:
+            for fd in (out_w, err_w, chan_w, st_w):
+                os.close(fd)
+            fds[2] = fds[4] = fds[6] = fds[8] = -1
+        if not reply.get("ok"):
+            out.infra_error = f"zygote refused the run: {reply.get('error')}"
+            return
+        pid = int(reply["pid"])
+        held_ns = reply.get("_fds", [])
+        with contextlib.suppress(ProcessLookupError, OSError):
+            pidfd = os.pidfd_open(pid)
+        for cap in captures.values():
+            loop.add_reader(cap.fd, cap.on_readable, on_out)
+        loop.add_reader(status.fd, status.on_readable, lambda n: None)
+        deadline = start + limits.wall_s
+        try:
+            while not status.eof.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    kill("wall")
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(status.eof), min(remaining, 0.1))
+                if not status.eof.done():
+                    with contextlib.suppress(OSError):
+                        if cg.stats(base).cpu_s > limits.cpu_s:
+                            kill("cpu")
+            if not status.eof.done():
+                # Killed: the zygote reaps the child and closes the status pipe.
+                try:
+                    await asyncio.wait_for(asyncio.shield(status.eof), 5.0)
+                except TimeoutError:
+                    self.broken = True
+                    out.infra_error = "the killed run did not exit within 5 s"
+            # Every process of the run is dead once the status arrives (pid namespace torn
+            # down), so the pipes reach EOF promptly; the timeout is only a backstop.
+            waiters = [c.eof for c in captures.values()]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waiters), 2.0)
+        finally:
+            for cap in (*captures.values(), status):
+                loop.remove_reader(cap.fd)
+            if pidfd is not None:
+                os.close(pidfd)
+            if held_ns:
+                # Dropping the last reference unmounts the child's tree; do it off the loop.
+                loop.run_in_executor(None, _close_fds, held_ns)
+        out.wall_s = time.monotonic() - start
+        out.stdout = bytes(captures["out"].buf)
+        out.stderr = bytes(captures["err"].buf)
+        out.stdout_truncated = captures["out"].truncated
+        out.stderr_truncated = captures["err"].truncated
+        out.channel = bytes(captures["chan"].buf)
+        for line in bytes(status.buf).splitlines():
+            if line.startswith(b"E"):
+                out.setup_error = line[1:].decode(errors="replace")
+            elif line.startswith(b"X"):
+                rec = json.loads(line[1:])
+                out.wait_status = int(rec["status"])
+                out.rusage = {k: float(v) for k, v in rec.items() if k != "status"}
+        if out.wait_status is None and out.infra_error is None:
+            self.broken = True
+            out.infra_error = "the zygote did not report the run's exit status"
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _recv_with_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(8 * fds.itemsize))
+    for level, typ, cdata in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+    return data, list(fds)
+
+
+def default_python() -> str:
+    """The interpreter that runs Python programs (and hosts the zygote): sandloop's own."""
+    return sys.executable
