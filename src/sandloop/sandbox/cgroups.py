@@ -258,7 +258,7 @@ class CgroupV1(CgroupBackend):
         return super().kill_all(cg, exclude, timeout_s)
 
     def leftover_groups(self) -> list[str]:
-        out = []
+        out: list[str] = []
         for c in self.controllers:
             base = self.root / c / GROUP_NAME
             if base.is_dir():

@@ -17,7 +17,14 @@ from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
-from sandloop.sandbox.slot import Slot, SlotBroken, SlotConfig, StepLimits, StepOutcome, default_python
+from sandloop.sandbox.slot import (
+    Slot,
+    SlotBroken,
+    SlotConfig,
+    StepLimits,
+    StepOutcome,
+    default_python,
+)
 from sandloop.sandbox.unisolated import run_unisolated
 
 ISOLATION_LEVELS = ("full", "none")

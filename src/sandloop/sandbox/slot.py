@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.sandbox import zygote as zygote_module
-from sandloop.sandbox.cgroups import CgroupBackend, CgroupError, CgroupLimits, CgroupStats, SlotCgroup
+from sandloop.sandbox.cgroups import (
+    CgroupBackend,
+    CgroupError,
+    CgroupLimits,
+    CgroupStats,
+    SlotCgroup,
+)
 from sandloop.sandbox.languages import Step
 from sandloop.sandbox.safefs import UnsafePath, read_regular, sealed_memfd
 

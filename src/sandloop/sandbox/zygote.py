@@ -25,6 +25,7 @@ Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -272,7 +273,7 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
             try:
-                ready, _, _ = select.select([sock, rfd], [], [])
+                ready, _, _ = select.select([sock.fileno(), rfd], [], [])
             except InterruptedError:
                 continue
             if rfd in ready:
@@ -282,7 +283,7 @@ class Zygote:
                 except BlockingIOError:
                     pass
                 self.reap()
-            if sock in ready:
+            if sock.fileno() in ready:
                 try:
                     msg, fds = recv_msg(sock)
                 except ConnectionError:
@@ -295,10 +296,8 @@ class Zygote:
                     reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
                 finally:
                     for fd in fds:
-                        try:
+                        with contextlib.suppress(OSError):
                             os.close(fd)
-                        except OSError:
-                            pass
                 out_fds = reply.pop("_fds", [])
                 anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", out_fds))]
                        if out_fds else [])
@@ -320,10 +319,8 @@ class Zygote:
                 continue
             rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime,
                    "maxrss_kb": ru.ru_maxrss}
-            try:
+            with contextlib.suppress(OSError):
                 os.write(fd, b"X" + json.dumps(rec).encode() + b"\n")
-            except OSError:
-                pass
             os.close(fd)
 
     def handle(self, msg: dict, fds: list[int]) -> dict:  # type: ignore[type-arg]
@@ -344,7 +341,7 @@ class Zygote:
             status_fd = fds[5]
             try:
                 child_main(self, msg, fds, work)
-            except BaseException as e:  # noqa: BLE001 - any failure is a setup failure
+            except BaseException as e:
                 try:
                     os.write(status_fd, b"E" + f"{type(e).__name__}: {e}".encode()[:4000] + b"\n")
                 finally:
@@ -366,7 +363,7 @@ class Zygote:
 
 
 def child_main(z: Zygote, msg: dict, fds: list[int], work: str) -> None:  # type: ignore[type-arg]
-    stdin_fd, files_fd, out_fd, err_fd, chan_fd, status_fd = fds
+    stdin_fd, files_fd, out_fd, err_fd, chan_fd, _status_fd = fds
     # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
@@ -470,7 +467,7 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                   encoding="utf-8", errors="backslashreplace",
                                   line_buffering=True)
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
     random.seed()  # every child would otherwise share the zygote's random state
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
@@ -479,8 +476,12 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         code = _exit_code(e)
-    except BaseException:  # noqa: BLE001 - mirror the interpreter's top level
-        traceback.print_exc()
+    except BaseException as e:  # mirror the interpreter's top level
+        # Start the traceback at the program's own file, as `python main.py` would print it.
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb or e.__traceback__)
         code = 1
     try:
         for t in threading.enumerate():
@@ -489,12 +490,12 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
         atexit._run_exitfuncs()
     except SystemExit as e:
         code = _exit_code(e)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException:  # noqa: BLE001 - e.g. the reader closed the pipe
+        except BaseException:
             code = code or 120
     os._exit(code)
 
@@ -504,10 +505,8 @@ def _exit_code(e: SystemExit) -> int:
         return 0
     if isinstance(e.code, int):
         return e.code & 0xFF
-    try:
+    with contextlib.suppress(BaseException):
         print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001
-        pass
     return 1
 
 
@@ -530,14 +529,12 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
     for name in PRELOAD:
-        try:
+        with contextlib.suppress(ImportError):
             __import__(name)
-        except ImportError:
-            pass
     z = Zygote(config)
     try:
         z.setup()
-    except Exception as e:  # noqa: BLE001 - reported to the supervisor's first ping
+    except Exception as e:
         sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())
         return
     sock.send(json.dumps({"ok": True, "pid": os.getpid()}).encode())

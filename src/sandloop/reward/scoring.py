@@ -1,0 +1,120 @@
+"""Score many completions against a task set, reusing stored results (the engine of ``score``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from sandloop.reward.verifier import CompletionResult, Verifier, completion_hash
+from sandloop.store import ResultKey, ResultStore
+from sandloop.tasks import Task
+
+__all__ = ["Completion", "CompletionFileError", "read_completions", "score_all"]
+
+
+class CompletionFileError(ValueError):
+    """A completions file is malformed; names the file and line."""
+
+
+class Completion(BaseModel):
+    """One model completion to score."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    completion: str
+    completion_id: str
+
+
+def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
+    """Read ``{"task_id", "completion"[, "completion_id"]}`` lines. A missing completion_id
+    becomes the completion's ordinal among those of its task ("0", "1", ...)."""
+    out: list[Completion] = []
+    per_task: dict[str, int] = {}
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as e:
+        raise CompletionFileError(f"{path}: cannot open: {e.strerror or e}") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CompletionFileError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise CompletionFileError(f"{where}: expected a JSON object")
+            tid, text = rec.get("task_id"), rec.get("completion")
+            if not isinstance(tid, str):
+                raise CompletionFileError(f"{where}: field 'task_id': missing or not a string")
+            if not isinstance(text, str):
+                raise CompletionFileError(f"{where}: field 'completion': missing or not a string")
+            if tid not in tasks:
+                raise CompletionFileError(
+                    f"{where}: field 'task_id': {tid!r} is not in the task set"
+                )
+            n = per_task.get(tid, 0)
+            per_task[tid] = n + 1
+            cid = rec.get("completion_id")
+            out.append(Completion(task_id=tid, completion=text,
+                                  completion_id=str(cid) if cid is not None else str(n)))
+    return out
+
+
+async def score_all(
+    tasks: dict[str, Task],
+    completions: Sequence[Completion],
+    verifier: Verifier,
+    *,
+    store: ResultStore | None = None,
+    concurrency: int = 8,
+    on_result: Callable[[CompletionResult, bool], None] | None = None,
+) -> list[CompletionResult]:
+    """Score ``completions`` (results in input order).
+
+    Results already in ``store`` are returned without running anything (``on_result`` gets
+    ``cached=True``); each new result is committed to the store as soon as it is known.
+    """
+    cfg = verifier.config_hash()
+    keys = [
+        ResultKey(c.task_id, tasks[c.task_id].version, completion_hash(c.completion), cfg)
+        for c in completions
+    ]
+    cached = store.get_many(keys) if store is not None else {}
+    results: list[CompletionResult | None] = [None] * len(completions)
+    todo: list[int] = []
+    for i, (c, key) in enumerate(zip(completions, keys, strict=True)):
+        rec = cached.get(key)
+        if rec is None:
+            todo.append(i)
+            continue
+        res = CompletionResult.model_validate({**rec, "completion_id": c.completion_id})
+        results[i] = res
+        if on_result:
+            on_result(res, True)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        c = completions[i]
+        async with sem:
+            res = await verifier.verify(tasks[c.task_id], c.completion, c.completion_id)
+        if store is not None:
+            # A thread keeps the event loop free while SQLite commits.
+            await asyncio.to_thread(store.put, keys[i], _record(res))
+        results[i] = res
+        if on_result:
+            on_result(res, False)
+
+    await asyncio.gather(*(one(i) for i in todo))
+    return [r for r in results if r is not None]
+
+
+def _record(res: CompletionResult) -> dict[str, Any]:
+    return res.model_dump(mode="json")

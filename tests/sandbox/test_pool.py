@@ -1,0 +1,65 @@
+"""Pool-level behaviour: isolation policy, opt-out, unavailable hosts, lifecycle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sandloop import Limits, Program, SandboxPool, Status
+from sandloop.sandbox import host
+
+
+async def test_unisolated_opt_out_is_labelled() -> None:
+    async with SandboxPool(1, isolation="none") as pool:
+        r = await pool.run(Program(source="print(6*7)"), Limits(time_s=5))
+    assert r.status is Status.OK and r.stdout == "42\n" and r.isolation == "none"
+
+
+async def test_missing_feature_gives_sandbox_error_injected(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fault injection: pretend the host has no cgroups.
+    real = host.probe
+
+    def no_cgroups() -> host.HostReport:
+        rep = real()
+        feats = tuple(host.Feature(f.name, False, "injected: not mounted", "mount them")
+                      if f.name == "cgroups" else f for f in rep.features)
+        return host.HostReport(feats, None, "unavailable", ("cgroups",))
+
+    monkeypatch.setattr(host, "probe", no_cgroups)
+    async with SandboxPool(1) as pool:
+        r = await pool.run(Program(source="print(1)"))
+    assert r.status is Status.SANDBOX_ERROR and r.stdout == ""
+    assert r.error is not None and "cgroups" in r.error and "--no-isolation" in r.error
+
+
+async def test_pool_close_removes_cgroups_and_dirs() -> None:
+    async with SandboxPool(2) as pool:
+        await pool.run(Program(source="pass"))
+        names = [s.name for s in pool._slots]
+        assert all(Path(f"/sys/fs/cgroup/memory/sandloop/{n}").exists() for n in names)
+    for n in names:
+        assert not Path(f"/sys/fs/cgroup/memory/sandloop/{n}").exists()
+        assert not Path(f"/run/sandloop/{n}").exists()
+
+
+async def test_killed_zygote_is_replaced_and_run_retried_injected() -> None:
+    # Fault injection: kill the zygote of every slot between runs.
+    async with SandboxPool(1) as pool:
+        assert (await pool.run(Program(source="print(1)"))).status is Status.OK
+        for s in pool._slots:
+            assert s.proc is not None
+            os.kill(s.proc.pid, 9)
+            s.proc.wait()
+        r = await pool.run(Program(source="print(2)"))
+        assert r.status is Status.OK and r.stdout == "2\n"
+
+
+def test_invalid_program_rejected() -> None:
+    with pytest.raises(ValueError, match="unsupported language"):
+        Program(language="cobol", source="")
+    with pytest.raises(ValueError, match="relative path"):
+        Program(source="", files={"/etc/passwd": "x"})
+    with pytest.raises(ValueError, match=r"'\.\.'"):
+        Program(source="", files={"a/../../x": "x"})

@@ -1,0 +1,178 @@
+"""End-to-end behaviour of the sandbox through SandboxPool: statuses, limits, languages, I/O."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandloop import ExecResult, Limits, Program, SandboxPool, Status
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FAST = Limits(time_s=3, memory_mb=128)
+
+
+async def run(pool: SandboxPool, source: str, language: str = "python", limits: Limits = FAST,
+              **kw: object) -> ExecResult:
+    return await pool.run(Program(language=language, source=source, **kw), limits)  # type: ignore[arg-type]
+
+
+async def test_ok_with_stdout_and_measurements(pool: SandboxPool) -> None:
+    r = await run(pool, "print('hello')")
+    assert r.status is Status.OK and r.exit_code == 0 and r.signal is None
+    assert r.stdout == "hello\n" and r.stderr == ""
+    assert 0 < r.wall_time_s < 3 and r.cpu_time_s >= 0 and r.peak_memory_mb > 0
+    assert r.isolation == "full"
+
+
+async def test_runtime_error_keeps_traceback_of_program_only(pool: SandboxPool) -> None:
+    r = await run(pool, "def f():\n    raise ValueError('boom')\nf()\n")
+    assert r.status is Status.RUNTIME_ERROR and r.exit_code == 1
+    assert 'File "/sandbox/main.py", line 2' in r.stderr and "ValueError: boom" in r.stderr
+    assert "zygote" not in r.stderr and "runpy" not in r.stderr
+
+
+async def test_sys_exit_codes(pool: SandboxPool) -> None:
+    assert (await run(pool, "import sys; sys.exit(0)")).status is Status.OK
+    r = await run(pool, "import sys; sys.exit(3)")
+    assert r.status is Status.RUNTIME_ERROR and r.exit_code == 3
+    r = await run(pool, "import sys; sys.exit('bad input')")
+    assert r.exit_code == 1 and "bad input" in r.stderr
+
+
+async def test_stdin_and_files_and_collect(pool: SandboxPool) -> None:
+    src = ("import sys, json\n"
+           "data = json.load(open('data/in.json'))\n"
+           "n = int(sys.stdin.read())\n"
+           "open('out.txt', 'w').write(str(n * data['k']))\n")
+    r = await pool.run(Program(source=src, stdin="6\n", files={"data/in.json": '{"k": 7}'},
+                               collect=["out.txt", "missing.txt"]), FAST)
+    assert r.status is Status.OK, r.stderr
+    assert r.files == {"out.txt": b"42"}
+
+
+async def test_result_channel_fd3(pool: SandboxPool) -> None:
+    r = await run(pool, "import os\nos.write(3, b'{\"v\": 1}')\nprint('x')\n")
+    assert r.status is Status.OK and r.channel == b'{"v": 1}' and r.stdout == "x\n"
+
+
+async def test_timeout_wall(pool: SandboxPool) -> None:
+    r = await run(pool, "import time\ntime.sleep(30)\n", limits=Limits(time_s=0.5))
+    assert r.status is Status.TIMEOUT and 0.5 <= r.wall_time_s < 3
+
+
+async def test_timeout_cpu_limit(pool: SandboxPool) -> None:
+    r = await run(pool, "while True: pass\n", limits=Limits(time_s=10, cpu_time_s=0.5))
+    assert r.status is Status.TIMEOUT and r.wall_time_s < 5
+
+
+async def test_memory_limit(pool: SandboxPool) -> None:
+    src = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n"
+    r = await run(pool, src, limits=Limits(memory_mb=64))
+    assert r.status is Status.MEMORY_LIMIT
+    assert 50 <= r.peak_memory_mb <= 80
+
+
+async def test_output_truncated_but_ok(pool: SandboxPool) -> None:
+    r = await run(pool, "print('a' * 10000)", limits=Limits(stdout_bytes=100))
+    assert r.status is Status.OK and r.stdout_truncated and len(r.stdout) == 100
+
+
+async def test_output_flood_is_killed(pool: SandboxPool) -> None:
+    r = await run(pool, "while True: print('y' * 1000)",
+                  limits=Limits(stdout_bytes=1000, stderr_bytes=1000, time_s=5))
+    assert r.status is Status.OUTPUT_LIMIT and r.wall_time_s < 4
+
+
+async def test_process_limit(pool: SandboxPool) -> None:
+    src = ("import os\nn = 0\n"
+           "try:\n    for _ in range(100):\n        if os.fork() == 0:\n            import time; time.sleep(5)\n"
+           "        n += 1\nexcept OSError as e:\n    print('blocked after', n)\n")
+    r = await run(pool, src, limits=Limits(max_processes=8, time_s=3))
+    assert "blocked after" in r.stdout
+    assert int(r.stdout.split()[-1]) <= 8
+
+
+async def test_workdir_size_limit(pool: SandboxPool) -> None:
+    src = ("try:\n    open('big', 'wb').write(b'x' * (20 << 20))\nexcept OSError as e:\n"
+           "    print('errno', e.errno)\n")
+    r = await run(pool, src, limits=Limits(workdir_mb=4))
+    assert r.stdout.startswith("errno") or r.signal is not None
+
+
+async def test_each_run_is_fresh(pool: SandboxPool) -> None:
+    await run(pool, "open('left.txt', 'w').write('x'); open('/tmp/left', 'w').write('x')")
+    for _ in range(3):
+        r = await run(pool, "import os\nprint(os.path.exists('left.txt'), os.path.exists('/tmp/left'))")
+        assert r.stdout == "False False\n"
+
+
+async def test_python_state_does_not_leak_between_runs(pool: SandboxPool) -> None:
+    await run(pool, "import math\nmath.pi = 3\nimport json\njson.dumps = None\n")
+    for _ in range(3):
+        r = await run(pool, "import math, json\nprint(math.pi, json.dumps([1]))")
+        assert r.stdout == "3.141592653589793 [1]\n"
+
+
+@pytest.mark.parametrize(
+    ("language", "source", "expected"),
+    [
+        ("c", '#include <stdio.h>\nint main(void){printf("%d\\n", 6*7);return 0;}\n', "42\n"),
+        ("cpp", "#include <iostream>\nint main(){std::cout<<6*7<<std::endl;}\n", "42\n"),
+        ("javascript", "console.log(6*7)\n", "42\n"),
+        ("bash", "echo $((6*7))\n", "42\n"),
+    ],
+)
+async def test_languages(pool: SandboxPool, language: str, source: str, expected: str) -> None:
+    r = await run(pool, source, language=language, limits=Limits(time_s=10))
+    assert r.status is Status.OK, (r.stderr, r.compile)
+    assert r.stdout == expected
+    if language in ("c", "cpp"):
+        assert r.compile is not None and r.compile.status is Status.OK
+
+
+async def test_compile_error(pool: SandboxPool) -> None:
+    r = await run(pool, "int main(void) { return nope; }\n", language="c")
+    assert r.status is Status.COMPILE_ERROR
+    assert r.compile is not None and "nope" in r.compile.stderr
+
+
+async def test_c_memory_bomb(pool: SandboxPool) -> None:
+    src = ("#include <stdlib.h>\n#include <string.h>\nint main(void){for(;;){char*p=malloc(1<<20);"
+           "if(!p)return 3;memset(p,1,1<<20);}}\n")
+    r = await run(pool, src, language="c", limits=Limits(memory_mb=48))
+    assert r.status is Status.MEMORY_LIMIT
+
+
+async def test_batch_keeps_input_order(pool: SandboxPool) -> None:
+    progs = [Program(source=f"import time; time.sleep({0.2 if i % 2 == 0 else 0}); print({i})")
+             for i in range(6)]
+    rs = await pool.run_batch(progs, FAST)
+    assert [r.stdout.strip() for r in rs] == [str(i) for i in range(6)]
+
+
+async def test_environment_is_clean(pool: SandboxPool) -> None:
+    os.environ["SANDLOOP_TEST_SECRET"] = "s3cret"
+    try:
+        r = await run(pool, "import os\nprint(sorted(os.environ))")
+    finally:
+        del os.environ["SANDLOOP_TEST_SECRET"]
+    assert "SANDLOOP_TEST_SECRET" not in r.stdout and "HOME" in r.stdout
+
+
+async def test_no_process_or_mount_left_behind(pool: SandboxPool) -> None:
+    await run(pool, "import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(60)\n")
+    uids = {str(pool.uid_base + i) for i in range(pool.size)}
+    leftovers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                uid_line = next(ln for ln in f if ln.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        if uid_line.split()[1] in uids:
+            leftovers.append(pid)
+    assert leftovers == []
+    with open("/proc/self/mountinfo") as f:
+        assert "sandloop" not in f.read()  # slot mounts live only in each zygote's namespace
