@@ -1,10 +1,11 @@
-# Both entry points install what they need, idempotently: Debian packages, then a venv in .venv/.
-PY ?= $(shell command -v python3.11 || command -v python3)
+# `make demo` and `make test` install what they need, idempotently: Debian packages (apt-get),
+# then a virtual environment in .venv/ with sandloop and its dev dependencies.
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEB_STAMP := .venv/.deb-installed
-DEB_PKGS := gcc g++ nodejs bash libseccomp2 python3-venv
+DEB_STAMP := $(VENV)/.deb-installed
+# gcc/g++/nodejs/bash: the sandboxed languages; libseccomp2: the seccomp filter compiler.
+DEB_PKGS := python3 python3-venv gcc g++ nodejs bash libseccomp2
 
 .PHONY: demo test test-slow lint bench deps clean
 
@@ -17,7 +18,7 @@ $(DEB_STAMP):
 	@mkdir -p $(VENV) && touch $@
 
 $(STAMP): pyproject.toml | $(DEB_STAMP)
-	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	@test -x $(VPY) || $$(command -v python3.11 || command -v python3) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
 	@touch $@
@@ -25,7 +26,8 @@ $(STAMP): pyproject.toml | $(DEB_STAMP)
 deps: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/sandloop demo
+	$(VENV)/bin/sandloop doctor
+	$(VENV)/bin/sandloop exec-batch --table examples/demo_batch.jsonl
 
 test: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks
@@ -43,4 +45,4 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_sandbox.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info

@@ -99,6 +99,7 @@ class SandboxPool:
         self._config: SlotConfig | None = None
         self._started = False
         self._unisolated_sem: asyncio.Semaphore | None = None
+        self._uid_lock: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -116,6 +117,7 @@ class SandboxPool:
         cgroups.sweep_leftovers(backend, alive=set())
         base = host.run_base_dir()
         _sweep_stale_dirs(base)
+        self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.size)
         binds, symlinks = host.runtime_binds(self.python)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
@@ -136,6 +138,9 @@ class SandboxPool:
         await asyncio.gather(*(s.close() for s in self._slots), return_exceptions=True)
         self._slots = []
         self._started = False
+        if self._uid_lock is not None:
+            os.close(self._uid_lock)  # releases the flock on the uid range
+            self._uid_lock = None
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -169,12 +174,16 @@ class SandboxPool:
                 return await run_unisolated(program, limits, spec, self.python)
         if self._unavailable is not None:
             return ExecResult.sandbox_error(self._unavailable, isolation="unavailable")
-        # One transparent retry on another slot when a slot breaks under us: a broken zygote
-        # is the infrastructure's fault and must not become the program's verdict.
-        result = await self._run_isolated(program, limits)
-        if result.status is Status.SANDBOX_ERROR and result.error and "slot" in result.error:
-            result = await self._run_isolated(program, limits)
-        return result
+        # One transparent retry when a slot breaks under a run: a broken zygote is the
+        # infrastructure's fault and must not become the program's verdict.
+        for attempt in (1, 2):
+            try:
+                return await self._run_isolated(program, limits)
+            except SlotBroken as e:
+                if attempt == 2:
+                    return ExecResult.sandbox_error(f"sandbox slot failed twice: {e}",
+                                                    isolation="full")
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def run_batch(
         self, programs: Sequence[Program], limits: Limits | Sequence[Limits] | None = None
@@ -201,16 +210,19 @@ class SandboxPool:
         return slot
 
     async def _run_isolated(self, program: Program, limits: Limits) -> ExecResult:
+        """Run on a free slot; raises SlotBroken when the slot failed (the caller retries)."""
         slot = await self._acquire()
         assert self._free is not None
         try:
             if slot.broken:
-                return ExecResult.sandbox_error("sandbox slot could not be restarted",
-                                                isolation="full")
-            return await self._run_on(slot, program, limits)
-        except SlotBroken as e:
+                raise SlotBroken("sandbox slot could not be restarted")
+            result = await self._run_on(slot, program, limits)
+            if slot.broken and result.status is Status.SANDBOX_ERROR:
+                raise SlotBroken(result.error or "slot broke during the run")
+            return result
+        except SlotBroken:
             slot.broken = True
-            return ExecResult.sandbox_error(f"sandbox slot failed: {e}", isolation="full")
+            raise
         finally:
             self._free.put_nowait(slot)
 
@@ -247,6 +259,33 @@ class SandboxPool:
         finally:
             if not slot.broken:
                 await slot.remove_work(work)
+
+
+UID_RANGE_STRIDE = 256
+
+
+def _claim_uid_range(base: Path, first: int, size: int) -> tuple[int, int]:
+    """Reserve a range of slot uids no other live pool on this host uses (flock, auto-released).
+
+    Two pools sharing a uid could not see each other's processes (separate pid namespaces), but
+    distinct uids keep every run's identity unique on the host: defence in depth.
+    """
+    import fcntl
+
+    if size > UID_RANGE_STRIDE:
+        raise ValueError(f"at most {UID_RANGE_STRIDE} slots per pool")
+    locks = base / "uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    for i in range(64):
+        start = first + i * UID_RANGE_STRIDE
+        fd = os.open(locks / f"{start}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return fd, start
+    raise IsolationUnavailable("no free slot uid range: too many sandloop pools on this host")
 
 
 def _sweep_stale_dirs(base: Path) -> None:

@@ -1,0 +1,151 @@
+"""``sandloop score``: score model completions against a task set (registered by cli/main.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
+from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
+from sandloop.reward.verifier import CompletionResult, Verifier
+from sandloop.sandbox.pool import SandboxPool
+from sandloop.store import ResultStore, StoreError
+from sandloop.tasks import TaskFormatError, load_tasks
+
+__all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "score_command"]
+
+DEMO_COMPLETIONS = "humaneval_demo.jsonl"
+
+
+def default_db_path() -> Path:
+    """``$SANDLOOP_DB``, else ``~/.cache/sandloop/results.db``."""
+    env = os.environ.get("SANDLOOP_DB")
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "sandloop" / "results.db"
+
+
+def demo_completions_path() -> Path:
+    """The bundled HumanEval demo completions (references, wrong and cheating ones)."""
+    return Path(str(resources.files("sandloop.data").joinpath(DEMO_COMPLETIONS)))
+
+
+def _write_jsonl_atomic(path: Path, results: Sequence[CompletionResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for r in results:
+                fh.write(r.model_dump_json() + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _print_summary(console: Console, s: ScoreSummary, elapsed: float, cached: int) -> None:
+    table = Table(title="sandloop score", show_header=False)
+    table.add_row("completions", f"{s.completions} over {s.tasks} tasks")
+    table.add_row("scored / null reward", f"{s.scored} / {s.null_rewards}")
+    table.add_row("from store (not rerun)", str(cached))
+    table.add_row("mean reward", "-" if s.mean_reward is None else f"{s.mean_reward:.4f}")
+    for name, value in s.pass_at_k.items():
+        table.add_row(name, f"{value:.4f}")
+    table.add_row("verdicts", ", ".join(f"{k} {v}" for k, v in s.verdicts.items()))
+    table.add_row("test verdicts", ", ".join(f"{k} {v}" for k, v in s.test_verdicts.items()))
+    table.add_row("time", f"{elapsed:.2f} s")
+    console.print(table)
+
+
+def score_command(
+    tasks: str,
+    completions: Path,
+    out: Path | None = None,
+    format: str | None = None,
+    db: Path | None = None,
+    no_db: bool = False,
+    k: Sequence[int] = (1, 10, 100),
+    reward_mode: str = "binary",
+    reward_on: str = "hidden",
+    time_scale: float = 1.0,
+    slots: int | None = None,
+    no_isolation: bool = False,
+    as_json: bool = False,
+    progress: bool = True,
+) -> int:
+    """Score ``completions`` against ``tasks``; returns the process exit code.
+
+    0: scored (even if rewards are low); 1: some rewards are null (infrastructure failures);
+    2: bad input (task set, completions file, options) or the store cannot be opened.
+    """
+    console, err = Console(), Console(stderr=True)
+    started = time.perf_counter()
+    try:
+        reward = RewardConfig.model_validate({"mode": reward_mode, "on": reward_on})
+    except ValueError as e:
+        err.print(f"[red]error:[/] invalid reward options: {e}")
+        return 2
+    try:
+        task_list = load_tasks(tasks, format)
+        by_id = {t.id: t for t in task_list}
+        items = read_completions(completions, by_id)
+    except (TaskFormatError, CompletionFileError) as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+    store = None
+    if not no_db:
+        path = db or default_db_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store = ResultStore(path)
+        except (StoreError, OSError) as e:
+            err.print(f"[red]error:[/] {e}")
+            return 2
+    cached = 0
+
+    async def run() -> list[CompletionResult]:
+        nonlocal cached
+        async with SandboxPool(slots, isolation="none" if no_isolation else "full") as pool:
+            verifier = Verifier(pool.run, reward=reward, time_scale=time_scale)
+            with Progress(
+                TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=err, disable=not progress, transient=True,
+            ) as bar:
+                job = bar.add_task("scoring", total=len(items))
+
+                def done(_res: CompletionResult, from_store: bool) -> None:
+                    nonlocal cached
+                    cached += from_store
+                    bar.advance(job)
+
+                return await score_all(by_id, items, verifier, store=store,
+                                       concurrency=4 * pool.size, on_result=done)
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        if store is not None:
+            store.close()
+    if out is not None:
+        _write_jsonl_atomic(out, results)
+    summary = summarize(
+        ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=tuple(k)
+    )
+    elapsed = time.perf_counter() - started
+    if as_json:
+        data = {**summary.model_dump(mode="json"), "cached": cached, "time_s": round(elapsed, 3)}
+        print(json.dumps(data))
+    else:
+        _print_summary(console, summary, elapsed, cached)
+    return 1 if summary.null_rewards else 0
