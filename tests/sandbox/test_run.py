@@ -176,3 +176,17 @@ async def test_no_process_or_mount_left_behind(pool: SandboxPool) -> None:
     assert leftovers == []
     with open("/proc/self/mountinfo") as f:
         assert "sandloop" not in f.read()  # slot mounts live only in each zygote's namespace
+
+
+async def test_work_dir_root_is_reset_between_runs(pool: SandboxPool) -> None:
+    # A run owns /sandbox: it may chmod it or tag it; the next run must get a pristine dir.
+    src = ("import os\nos.mkdir('d'); open('d/f', 'w').write('x'); os.symlink('/etc/passwd', 'l')\n"
+           "try:\n    os.setxattr('.', 'user.note', b'left')\nexcept OSError:\n    pass\n"
+           "os.chmod('.', 0o500)\n")
+    for _ in range(pool.size + 1):
+        await run(pool, src)
+    for _ in range(pool.size):
+        r = await run(pool, "import os\nprint(sorted(os.listdir('.')), oct(os.stat('.').st_mode & 0o777),"
+                            " os.listxattr('.'))\nopen('w', 'w').write('ok')\n")
+        assert r.status is Status.OK, r.stderr
+        assert r.stdout == "['main.py'] 0o755 []\n"

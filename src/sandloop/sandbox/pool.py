@@ -47,7 +47,8 @@ def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
             wall_s=limits.compile_time_s, cpu_s=limits.compile_time_s,
             memory_bytes=limits.compile_memory_mb << 20, max_pids=max(64, limits.max_processes),
             cpus=1.0, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
-            workdir_mb=max(limits.workdir_mb, 128), workdir_inodes=max(limits.workdir_inodes, 4096),
+            # The binary must survive into the run step: same work dir, same size.
+            workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
             open_files=max(limits.open_files, 256),
         )
     return StepLimits(
@@ -237,7 +238,7 @@ class SandboxPool:
             if spec.compile is not None:
                 c = await slot.execute(
                     spec.compile, _step_limits(limits, compile_step=True), work=work,
-                    stdin=b"", files=pack_files(files), env=env,
+                    stdin=b"", files=pack_files(files), env=env, fresh_work=True,
                 )
                 compile_result = classify(c, cpu_limit_s=limits.compile_time_s, isolation="full")
                 if compile_result.status is not Status.OK:
@@ -250,14 +251,17 @@ class SandboxPool:
             o: StepOutcome = await slot.execute(
                 spec.run, _step_limits(limits, compile_step=False), work=work,
                 stdin=_as_bytes(program.stdin), files=pack_files(files), env=env,
-                collect=tuple(program.collect),
+                collect=tuple(program.collect), fresh_work=spec.compile is None,
+                discard_work=not program.collect,
             )
             result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
             if compile_result is not None:
                 result = result.model_copy(update={"compile": compile_result})
+            if not program.collect:
+                work = ""  # the zygote removed it as soon as the run exited
             return result
         finally:
-            if not slot.broken:
+            if work and not slot.broken:
                 await slot.remove_work(work)
 
 

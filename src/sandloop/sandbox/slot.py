@@ -211,8 +211,9 @@ class Slot:
         """The work dir as the supervisor sees it (through the zygote's mount namespace)."""
         return f"/proc/{self.zygote_pid}/root{self.base}/work/{work}"
 
-    def new_work_id(self) -> str:
-        return f"w{next(self._ids)}"
+    def new_work_id(self, *, persistent: bool = False) -> str:
+        """The slot's reusable scratch dir, or a dedicated one that lives until removed."""
+        return f"w{next(self._ids)}" if persistent else "scratch"
 
     # -- messaging ------------------------------------------------------------------------------
     async def _recv(self, timeout: float) -> dict[str, Any]:
@@ -279,6 +280,8 @@ class Slot:
         files: bytes,
         env: dict[str, str],
         collect: tuple[str, ...] = (),
+        fresh_work: bool = True,
+        discard_work: bool = False,
     ) -> StepOutcome:
         """Run one step in a fresh child and observe it until every process of it is gone."""
         self.runs += 1
@@ -293,7 +296,8 @@ class Slot:
             return out
         fds = self._make_fds(stdin, files)
         try:
-            await self._run_child(step, limits, work, env, cg, base, fds, out)
+            await self._run_child(step, limits, work, env, cg, base, fds, out,
+                                  {"fresh_work": fresh_work, "discard_work": discard_work})
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -303,7 +307,7 @@ class Slot:
         except OSError as e:
             out.infra_error = f"cannot read cgroup statistics: {e}"
         # The pid namespace is gone with its init; anything still in the group is a leak.
-        if len(cg.pids()) > 1 and not cg.kill_all(exclude=self.zygote_pid):
+        if cg.has_strangers(self.zygote_pid) and not cg.kill_all(exclude=self.zygote_pid):
             self.broken = True
             out.infra_error = "run left processes behind that could not be killed"
         for name in collect:
@@ -332,6 +336,7 @@ class Slot:
         base: Any,
         fds: list[int],
         out: StepOutcome,
+        work_flags: dict[str, bool],
     ) -> None:
         loop = asyncio.get_running_loop()
         stdin_fd, files_fd, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r = fds
@@ -351,6 +356,7 @@ class Slot:
             "rlimits": rlimits,
             "env": env,
             "exec": step.to_wire(),
+            **work_flags,
         }
         captures = {
             "out": _Capture(out_r, limits.stdout_bytes),

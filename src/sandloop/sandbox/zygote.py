@@ -35,6 +35,7 @@ import os
 import platform
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -76,6 +77,7 @@ IFF_UP = 0x1
 SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
+SCRATCH = "scratch"  # the slot's reusable work dir for one-shot runs
 SETUP_FAILED_EXIT = 125  # exit code of a child whose isolation setup failed (reported as "E")
 WORK_DIR = "/sandbox"
 
@@ -185,6 +187,8 @@ class Zygote:
         self.root = os.path.join(self.base, "root")
         self.works = os.path.join(self.base, "work")
         self.status_fds: dict[int, int] = {}
+        self.discard: dict[int, str] = {}  # child pid -> work dir to remove once it has exited
+        self.work_opts: dict[str, str] = {}  # mounted work dirs -> their tmpfs size options
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -258,19 +262,56 @@ class Zygote:
             raise SetupError(f"bad work id {work!r}")
         return os.path.join(self.works, work)
 
-    def ensure_work(self, work: str, size_mb: int, inodes: int) -> str:
+    def ensure_work(self, work: str, size_mb: int, inodes: int, fresh: bool) -> str:
+        """Mount the work tmpfs once, and resize it (empty) when a run asks for other limits.
+
+        Work dirs are reused rather than unmounted after every run: an unmount waits for an
+        RCU grace period (1-5 ms here), a wipe of a freshly used tmpfs takes microseconds.
+        """
         path = self.work_path(work)
-        if not os.path.isdir(path):
-            os.mkdir(path, 0o700)
+        opts = f"size={size_mb}m,nr_inodes={inodes}"
+        if work not in self.work_opts:
+            os.makedirs(path, 0o700, exist_ok=True)
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
-                  f"size={size_mb}m,nr_inodes={inodes},mode=0755,uid={self.uid},gid={self.gid}")
+                  f"{opts},mode=0755,uid={self.uid},gid={self.gid}")
+            self.work_opts[work] = opts
+        elif self.work_opts[work] != opts:
+            if fresh:
+                self.wipe_work(work)
+            mount(None, path, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
+            self.work_opts[work] = opts
         return path
+
+    def wipe_work(self, work: str) -> None:
+        """Empty a work dir and reset its root, leaving nothing for the next run to find.
+
+        Every process of the previous run is dead, so nothing races with the removal; the
+        removal itself never follows symlinks (shutil.rmtree's fd-based walk).
+        """
+        path = self.work_path(work)
+        with os.scandir(path) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for name, is_dir in entries:
+            full = os.path.join(path, name)
+            if is_dir:
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+        # The run owned the root of its work dir: undo mode, owner and extended attributes.
+        os.chmod(path, 0o755)
+        os.chown(path, self.uid, self.gid)
+        for attr in os.listxattr(path):
+            with contextlib.suppress(OSError):
+                os.removexattr(path, attr)
 
     def remove_work(self, work: str) -> None:
         path = self.work_path(work)
-        if os.path.isdir(path):
+        if work == SCRATCH:
+            self.wipe_work(work)
+        elif work in self.work_opts:
             umount(path, MNT_DETACH)
             os.rmdir(path)
+            del self.work_opts[work]
 
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, sock: socket.socket) -> None:
@@ -328,6 +369,10 @@ class Zygote:
             with contextlib.suppress(OSError):
                 os.write(fd, b"X" + json.dumps(rec).encode() + b"\n")
             os.close(fd)
+            # The run is over: its work dir goes now, while the supervisor reads the result.
+            work = self.discard.pop(pid, None)
+            if work is not None:
+                self.remove_work(work)
 
     def handle(self, msg: dict, fds: list[int]) -> dict:  # type: ignore[type-arg]
         op = msg.get("op")
@@ -340,7 +385,10 @@ class Zygote:
             return {"ok": False, "error": f"unknown op {op!r}"}
         if len(fds) != 6:
             return {"ok": False, "error": f"run needs 6 fds, got {len(fds)}"}
-        work = self.ensure_work(msg["work"], msg["workdir_mb"], msg["workdir_inodes"])
+        work = self.ensure_work(msg["work"], msg["workdir_mb"], msg["workdir_inodes"],
+                                bool(msg.get("fresh_work")))
+        if msg.get("fresh_work") and os.listdir(work):
+            self.wipe_work(msg["work"])  # left over only if a previous run was not discarded
         flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
         pid = clone_fork(flags)
         if pid == 0:
@@ -354,6 +402,8 @@ class Zygote:
                     os._exit(SETUP_FAILED_EXIT)
             os._exit(SETUP_FAILED_EXIT)  # child_main never returns
         self.status_fds[pid] = os.dup(fds[5])
+        if msg.get("discard_work"):
+            self.discard[pid] = msg["work"]
         # Hand the child's mount namespace to the supervisor: while it holds a reference, the
         # child's exit does not wait for the namespace's unmounts (an RCU grace period, several
         # ms here); the supervisor drops it off the critical path.
