@@ -110,12 +110,6 @@ class SlotCgroup:
                 seen.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
         return sorted(seen)
 
-    def has_strangers(self, zygote: int) -> bool:
-        """Whether any process besides the zygote is in the group (one read: every process
-        of a slot is in all of its controllers' groups)."""
-        d = next(iter(self.dirs.values()))
-        return any(int(x) != zygote for x in _read(os.path.join(d, "cgroup.procs")).split())
-
     def arm(self, limits: CgroupLimits, keep: int) -> RunBaseline:
         """Prepare for a run: limits relative to what the zygote already uses."""
         return self.backend.arm(self, limits, keep)

@@ -90,6 +90,7 @@ class StepOutcome:
     rusage: dict[str, float] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     infra_error: str | None = None
+    pid_ns: int = 0  # inode of the run's pid namespace
 
 
 class _Capture:
@@ -306,8 +307,9 @@ class Slot:
             out.stats = cg.stats(base)
         except OSError as e:
             out.infra_error = f"cannot read cgroup statistics: {e}"
-        # The pid namespace is gone with its init; anything still in the group is a leak.
-        if cg.has_strangers(self.zygote_pid) and not cg.kill_all(exclude=self.zygote_pid):
+        # The kernel killed every process of the run's pid namespace when its init died; a
+        # survivor would be a kernel bug or a broken assumption, so look, and kill if found.
+        if out.pid_ns and not _sweep_pid_ns(cg, out.pid_ns, self.zygote_pid):
             self.broken = True
             out.infra_error = "run left processes behind that could not be killed"
         for name in collect:
@@ -399,6 +401,8 @@ class Slot:
             return
         pid = int(reply["pid"])
         held_ns = reply.get("_fds", [])
+        with contextlib.suppress(OSError):
+            out.pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
         with contextlib.suppress(ProcessLookupError, OSError):
             pidfd = os.pidfd_open(pid)
         for cap in captures.values():
@@ -453,6 +457,31 @@ class Slot:
         if out.wait_status is None and out.infra_error is None:
             self.broken = True
             out.infra_error = "the zygote did not report the run's exit status"
+
+
+def _sweep_pid_ns(cg: SlotCgroup, pid_ns: int, zygote: int) -> bool:
+    """Kill processes of the slot's group that belong to the finished run's pid namespace.
+
+    The group also holds the zygote and possibly the next run's prepared (idle, root) child,
+    which live in other pid namespaces and are left alone. True when no run process is left.
+    """
+    for _ in range(3):
+        left = []
+        for p in cg.pids():
+            if p == zygote:
+                continue
+            try:
+                if os.stat(f"/proc/{p}/ns/pid").st_ino == pid_ns:
+                    left.append(p)
+            except OSError:
+                continue
+        if not left:
+            return True
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        time.sleep(0.01)
+    return False
 
 
 def _close_fds(fds: list[int]) -> None:

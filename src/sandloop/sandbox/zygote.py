@@ -189,6 +189,8 @@ class Zygote:
         self.status_fds: dict[int, int] = {}
         self.discard: dict[int, str] = {}  # child pid -> work dir to remove once it has exited
         self.work_opts: dict[str, str] = {}  # mounted work dirs -> their tmpfs size options
+        self.spare: Spare | None = None
+        self.last_key: tuple[str, str] | None = None
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -361,6 +363,9 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare.close()  # died before its request: replaced on the next run
+                self.spare = None
             fd = self.status_fds.pop(pid, None)
             if fd is None:
                 continue
@@ -373,6 +378,7 @@ class Zygote:
             work = self.discard.pop(pid, None)
             if work is not None:
                 self.remove_work(work)
+            self.prespawn()
 
     def handle(self, msg: dict, fds: list[int]) -> dict:  # type: ignore[type-arg]
         op = msg.get("op")
@@ -389,45 +395,140 @@ class Zygote:
                                 bool(msg.get("fresh_work")))
         if msg.get("fresh_work") and os.listdir(work):
             self.wipe_work(msg["work"])  # left over only if a previous run was not discarded
-        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
-        pid = clone_fork(flags)
-        if pid == 0:
-            status_fd = fds[5]
-            try:
-                child_main(self, msg, fds, work)
-            except BaseException as e:
+        key = (msg["work"], tmp_options(msg["workdir_mb"], msg["workdir_inodes"]))
+        spare = self.spare
+        self.spare = None
+        if spare is not None and spare.key != key:
+            spare.discard()
+            spare = None
+        try:
+            if spare is not None:
                 try:
-                    os.write(status_fd, b"E" + f"{type(e).__name__}: {e}".encode()[:4000] + b"\n")
-                finally:
-                    os._exit(SETUP_FAILED_EXIT)
-            os._exit(SETUP_FAILED_EXIT)  # child_main never returns
-        self.status_fds[pid] = os.dup(fds[5])
+                    spare.wait_ready()
+                except SetupError:  # it died idle (killed, or failed): make a new one
+                    spare.discard()
+                    spare = None
+            if spare is None:
+                spare = self.spawn(*key)
+                spare.wait_ready()
+            spare.dispatch(msg, fds)
+        except SetupError as e:
+            if spare is not None:
+                spare.discard()
+            return {"ok": False, "error": str(e)}
+        self.status_fds[spare.pid] = os.dup(fds[5])
         if msg.get("discard_work"):
-            self.discard[pid] = msg["work"]
+            self.discard[spare.pid] = msg["work"]
+        self.last_key = key
         # Hand the child's mount namespace to the supervisor: while it holds a reference, the
         # child's exit does not wait for the namespace's unmounts (an RCU grace period, several
         # ms here); the supervisor drops it off the critical path.
+        reply: dict = {"ok": True, "pid": spare.pid}  # type: ignore[type-arg]
+        if spare.mntns is not None:
+            reply["_fds"] = [spare.mntns]
+            spare.mntns = None
+        spare.ctl.close()
+        return reply
+
+    def spawn(self, work: str, tmp_opts: str) -> Spare:
+        """Clone a child and let it isolate itself; it then waits for its one request."""
+        path = self.work_path(work)
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = clone_fork(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+        if pid == 0:
+            parent_end.close()
+            try:
+                prepare_child(self, path, tmp_opts)
+            except BaseException as e:  # any failure is a setup failure, reported on dispatch
+                with contextlib.suppress(OSError):
+                    child_end.send(b"E" + f"{type(e).__name__}: {e}".encode()[:4000])
+                os._exit(SETUP_FAILED_EXIT)
+            child_end.send(b"R")
+            serve_one(self, child_end)  # never returns
+            os._exit(SETUP_FAILED_EXIT)
+        child_end.close()
+        mntns: int | None
         try:
             mntns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return {"ok": True, "pid": pid}
-        return {"ok": True, "pid": pid, "_fds": [mntns]}
+            mntns = None
+        return Spare(pid, parent_end, (work, tmp_opts), mntns)
+
+    def prespawn(self) -> None:
+        """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""
+        if self.spare is None and self.last_key is not None and not self.status_fds:
+            try:
+                self.spare = self.spawn(*self.last_key)
+            except (OSError, SetupError):
+                self.spare = None
+
+
+def tmp_options(size_mb: int, inodes: int) -> str:
+    return f"size={size_mb}m,nr_inodes={inodes},mode=1777"
+
+
+class Spare:
+    """A child that has finished isolating itself and waits for its request on ``ctl``."""
+
+    def __init__(self, pid: int, ctl: socket.socket, key: tuple[str, str], mntns: int | None) -> None:
+        self.pid = pid
+        self.ctl = ctl
+        self.key = key
+        self.mntns = mntns
+        self.is_ready = False
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the child reports that its isolation is complete, or say why it failed."""
+        if self.is_ready:
+            # Still alive? Anything readable now is EOF: the idle child died.
+            r, _, _ = select.select([self.ctl.fileno()], [], [], 0)
+            if r:
+                raise SetupError("the prepared sandbox child died while idle")
+            return
+        r, _, _ = select.select([self.ctl.fileno()], [], [], timeout)
+        if not r:
+            raise SetupError(f"the sandbox child did not finish its setup within {timeout} s")
+        data = self.ctl.recv(4096)
+        if data != b"R":
+            detail = data[1:].decode(errors="replace") if data else "it exited"
+            raise SetupError(f"sandbox setup failed: {detail}")
+        self.is_ready = True
+
+    def dispatch(self, msg: dict, fds: list[int]) -> None:  # type: ignore[type-arg]
+        try:
+            self.ctl.sendmsg([json.dumps(msg).encode()],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as e:
+            raise SetupError(f"sandbox child died before its run: {e}") from e
+
+    def discard(self) -> None:
+        """Kill the child and wait for it, so it is gone from the slot before the next run."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.close()
+
+    def close(self) -> None:
+        self.ctl.close()
+        if self.mntns is not None:
+            os.close(self.mntns)
+            self.mntns = None
 
 
 # ----------------------------------------------------------------------------------------------
 # The child: pid 1 of its own pid namespace. Every step before the program is security-relevant.
 
 
-def child_main(z: Zygote, msg: dict, fds: list[int], work: str) -> None:  # type: ignore[type-arg]
-    stdin_fd, files_fd, out_fd, err_fd, chan_fd, _status_fd = fds
+def prepare_child(z: Zygote, work: str, tmp_opts: str) -> None:
+    """Isolate this fresh child before it knows what it will run."""
     # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
     r = z.root
     # The work tmpfs at /sandbox, a fresh bounded /tmp, a /proc of this pid namespace only.
     mount(work, r + WORK_DIR, None, MS_BIND)
-    mount("tmpfs", r + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={msg['workdir_mb']}m,nr_inodes={msg['workdir_inodes']},mode=1777")
+    mount("tmpfs", r + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
     mount("proc", r + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the
     # minimal tree, so no host path is reachable even by name.
@@ -436,16 +537,16 @@ def child_main(z: Zygote, msg: dict, fds: list[int], work: str) -> None:  # type
     umount(".", MNT_DETACH)
     os.chdir("/")
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
-
-    lim = msg["rlimits"]
-    for name, value in lim.items():
-        res = getattr(resource, name)
-        resource.setrlimit(res, (value, value))
-    # Drop every capability from the bounding set, then all ids: the program can never regain
-    # privilege, even through a setuid binary (no_new_privs below makes setuid bits inert too).
+    # Drop every capability from the bounding set now; ids, no_new_privs and seccomp follow
+    # when the request arrives (an idle prepared child stays root, so no process of the
+    # slot's uid ever exists between runs).
     for cap in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == errno.EINVAL:
             break
+
+
+def drop_privileges(z: Zygote) -> None:
+    """Become the slot's unprivileged user for good, then lock the process down."""
     os.setgroups([])
     os.setresgid(z.gid, z.gid, z.gid)
     os.setresuid(z.uid, z.uid, z.uid)
@@ -456,18 +557,38 @@ def child_main(z: Zygote, msg: dict, fds: list[int], work: str) -> None:  # type
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_DUMPABLE, 0)
     os.chdir(WORK_DIR)
-    _write_files(files_fd)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     if z.bpf:
         load_seccomp(z.bpf)
 
+
+def serve_one(z: Zygote, ctl: socket.socket) -> None:
+    """Receive the one request (already unprivileged and filtered), then become the program."""
+    while True:
+        try:
+            msg, fds = recv_msg(ctl)
+            break
+        except InterruptedError:
+            continue
+    if msg is None or len(fds) != 6:
+        os._exit(SETUP_FAILED_EXIT)
+    stdin_fd, files_fd, out_fd, err_fd, chan_fd, status_fd = fds
+    try:
+        for name, value in msg["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        drop_privileges(z)
+        _write_files(files_fd)  # as the slot user, inside the jail: no symlink can escape
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(status_fd, b"E" + f"{type(e).__name__}: {e}".encode()[:4000] + b"\n")
+        os._exit(SETUP_FAILED_EXIT)
     # Standard streams: stdin is a sealed memfd, out/err and the result channel are pipes.
     os.dup2(stdin_fd, 0)
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     os.dup2(chan_fd, 3)
     os.set_inheritable(3, True)
-    os.closerange(4, 1 << 20)  # drops the zygote socket, the status pipe and every other fd
+    os.closerange(4, 1 << 20)  # drops the zygote's sockets, the status pipe and every other fd
     env = msg["env"]
     spec = msg["exec"]
     if spec["mode"] == "exec":
@@ -505,12 +626,12 @@ def _write_files(files_fd: int) -> None:
 def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     """Run a Python file as ``python path argv...`` would, in this pre-warmed interpreter."""
     import atexit
-    import io
     import builtins
+    import io
     import random
     import threading
-    import types
     import traceback
+    import types
 
     os.environ.clear()
     os.environ.update(env)
