@@ -28,6 +28,7 @@ deps: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sandloop doctor
 	$(VENV)/bin/sandloop exec-batch --table examples/demo_batch.jsonl
+	$(VENV)/bin/sandloop demo
 
 test: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks

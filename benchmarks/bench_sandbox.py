@@ -71,7 +71,7 @@ int main(void) {
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 async def measure(n: int, conc: int, one: Callable[[], Awaitable[float]]) -> tuple[list[float], float]:

@@ -215,6 +215,39 @@ def _print_table(requests: list[ExecRequest], results: list[ExecResult]) -> None
     out.print(t)
 
 
+@app.command()
+def score(
+    tasks: Annotated[str, typer.Option("--tasks", help="Built-in set (humaneval) or a JSONL task file.")],
+    completions: Annotated[Path, typer.Option("--completions", help="JSONL: {task_id, completion[, completion_id]}.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write one result line per completion.")] = None,
+    format: Annotated[str | None, typer.Option("--format", help="native|humaneval|mbpp|codecontests|apps|taco|stdio (default: detect).")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="Result store; default $SANDLOOP_DB or ~/.cache/sandloop/results.db.")] = None,
+    no_db: Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")] = False,
+    k: Annotated[list[int] | None, typer.Option("--k", help="pass@k to report (repeatable).")] = None,
+    reward: Annotated[str, typer.Option("--reward", help="binary|fraction|weighted")] = "binary",
+    reward_on: Annotated[str, typer.Option("--reward-on", help="hidden|public|all")] = "hidden",
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply every per-test time limit.")] = 1.0,
+    slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
+    no_isolation: NoIsolation = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
+) -> None:
+    """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
+    from sandloop.cli.score import score_command
+
+    raise typer.Exit(score_command(tasks, completions, out, format, db, no_db, tuple(k or (1, 10, 100)),
+                                   reward, reward_on, time_scale, slots, no_isolation, as_json,
+                                   progress=sys.stderr.isatty()))
+
+
+@app.command()
+def demo() -> None:
+    """Score the bundled HumanEval demo completions (references, wrong and cheating ones)."""
+    from sandloop.cli.score import demo_completions_path, score_command
+
+    raise typer.Exit(score_command("humaneval", demo_completions_path(), no_db=True,
+                                   progress=sys.stderr.isatty()))
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

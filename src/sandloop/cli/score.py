@@ -94,14 +94,14 @@ def score_command(
     try:
         reward = RewardConfig.model_validate({"mode": reward_mode, "on": reward_on})
     except ValueError as e:
-        err.print(f"[red]error:[/] invalid reward options: {e}")
+        err.print(f"[red]error:[/] invalid reward options: {e}", soft_wrap=True)
         return 2
     try:
         task_list = load_tasks(tasks, format)
         by_id = {t.id: t for t in task_list}
         items = read_completions(completions, by_id)
     except (TaskFormatError, CompletionFileError) as e:
-        err.print(f"[red]error:[/] {e}")
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
         return 2
     store = None
     if not no_db:
@@ -110,7 +110,7 @@ def score_command(
             path.parent.mkdir(parents=True, exist_ok=True)
             store = ResultStore(path)
         except (StoreError, OSError) as e:
-            err.print(f"[red]error:[/] {e}")
+            err.print(f"[red]error:[/] {e}", soft_wrap=True)
             return 2
     cached = 0
 

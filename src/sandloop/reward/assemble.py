@@ -56,18 +56,22 @@ def defines(code: str, name: str) -> bool:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if node.name == name:
                 return True
-            if isinstance(node, ast.ClassDef) and node.name == "Solution":
-                if any(
-                    isinstance(m, ast.FunctionDef) and m.name == name for m in node.body
-                ):
-                    return True
+            if isinstance(node, ast.ClassDef) and node.name == "Solution" and any(
+                isinstance(m, ast.FunctionDef) and m.name == name for m in node.body
+            ):
+                return True
         elif isinstance(node, ast.Assign):
-            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if name in _names(node.targets):
                 return True
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            if any((a.asname or a.name) == name for a in node.names):
-                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom) and name in {
+            a.asname or a.name for a in node.names
+        }:
+            return True
     return False
+
+
+def _names(targets: list[ast.expr]) -> set[str]:
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
 def _parses(code: str) -> bool:

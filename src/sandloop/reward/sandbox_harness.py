@@ -25,6 +25,7 @@ fork of the driver, whose memory now holds the plan).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import select
@@ -57,7 +58,7 @@ class CandidateError(Exception):
     """The completion raised an exception that is not re-raised as its own type."""
 
 
-class WorkerLost(Exception):  # noqa: N818 - a state, not an error in the driver
+class WorkerLost(Exception):
     """The worker died, hung or broke the protocol during a call."""
 
     def __init__(self, status: str, detail: str) -> None:
@@ -110,7 +111,7 @@ def _recv(sock: socket.socket, deadline: float | None) -> Any:
 def _describe(e: BaseException) -> dict[str, Any]:
     try:
         msg = str(e)[:2000]
-    except BaseException:  # noqa: BLE001 - a hostile __str__
+    except BaseException:
         msg = "<unprintable>"
     builtin = None
     try:
@@ -119,7 +120,7 @@ def _describe(e: BaseException) -> dict[str, Any]:
                 builtin = klass.__name__
                 break
         name = type(e).__qualname__
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         name = "?"
     return {"exc": str(name)[:200], "msg": msg, "builtin": builtin}
 
@@ -165,7 +166,7 @@ def worker_main(sock: socket.socket, solution: str) -> NoReturn:
         ready = {"import": "syntax", "detail": f"{type(e).__name__}: {e}"[:2000]}
     except MemoryError:
         ready = {"import": "memory", "detail": "MemoryError while importing"}
-    except BaseException as e:  # noqa: BLE001 - SystemExit, SkipTest, ... all fail the import
+    except BaseException as e:
         d = _describe(e)
         ready = {"import": "error", "detail": f"{d['exc']}: {d['msg']}"}
     _send(sock, ready)
@@ -185,7 +186,7 @@ def worker_main(sock: socket.socket, solution: str) -> NoReturn:
             reply = {"memory": True}
         except RecursionError as e:
             reply = _describe(e)
-        except BaseException as e:  # noqa: BLE001 - SystemExit, SkipTest... are failures
+        except BaseException as e:
             reply = _describe(e)
         try:
             _send(sock, reply)
@@ -251,7 +252,7 @@ def _run_io_child(solution: str, stdin: bytes, cap: int, timeout: float) -> dict
                 open_out = False
             elif len(out) < cap:
                 out += chunk[: cap - len(out)]
-                truncated = truncated or len(out) >= cap and len(chunk) > 0
+                truncated = truncated or (len(out) >= cap and len(chunk) > 0)
             else:
                 truncated = True
     if pending:
@@ -301,12 +302,12 @@ def _exec_main(solution: str) -> NoReturn:
         code = 0 if e.code is None else (e.code & 0xFF if isinstance(e.code, int) else 1)
     except MemoryError:
         code = MEMORY_EXIT
-    except BaseException:  # noqa: BLE001 - like the interpreter's top level
+    except BaseException:
         traceback.print_exc()
         code = 1
     try:
         sys.stdout.flush()
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         code = code or 1
     os._exit(code)
 
@@ -323,7 +324,7 @@ def _worker_entry(fd: int, solution: str) -> NoReturn:
         os.closerange(fd + 1, 1 << 16)
         sock = socket.socket(fileno=fd)
         worker_main(sock, solution)
-    except BaseException:  # noqa: BLE001 - the driver sees EOF and reports the crash
+    except BaseException:
         os._exit(1)
 
 
@@ -341,10 +342,8 @@ class Worker:
     def kill(self) -> None:
         if not self.killed:
             self.killed = True
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.sock.close()
 
     def death(self) -> tuple[str, str]:
@@ -542,7 +541,7 @@ class Driver:
         if prelude:
             try:
                 exec(compile(prelude, "prompt.py", "exec"), ns)
-            except Exception:  # noqa: BLE001 - a prompt that is not code by itself
+            except Exception:
                 ns = {"__name__": "__sl_test__", "__builtins__": builtins}
         entry = self.plan.get("entry_point")
         if entry:
@@ -584,7 +583,7 @@ class Driver:
             return {"status": e.status, "detail": e.detail}
         except AssertionError as e:
             return {"status": "failed", "detail": f"AssertionError: {e}"[:2000]}
-        except BaseException as e:  # noqa: BLE001 - any other exception fails the test
+        except BaseException as e:
             return {"status": "error", "detail": f"{type(e).__name__}: {e}"[:2000]}
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -605,16 +604,20 @@ class Driver:
 
     def run(self, first: Worker) -> None:
         budget_end = time.monotonic() + float(self.plan["budget"])
-        try:
+        # After this many timeouts the remaining tests are not run: each would likely burn its
+        # whole limit too (an infinite loop), and a timeout already fails the completion.
+        max_timeouts = int(self.plan.get("max_timeouts") or 0)
+        timeouts = 0
+        with contextlib.suppress(WorkerLost):
             self.ensure_worker(first)
-        except WorkerLost:
-            pass
         for test in self.plan["tests"]:
             tid = test["id"]
             start = time.monotonic()
             deadline = min(start + float(test["timeout"]), budget_end)
             if self.fatal is not None:
                 res = {"status": self.fatal[0], "detail": self.fatal[1]}
+            elif max_timeouts and timeouts >= max_timeouts:
+                res = {"status": "timeout", "detail": "not run: an earlier test timed out"}
             elif deadline <= start:
                 res = {"status": "timeout", "detail": "time budget of the run exhausted"}
             else:
@@ -636,8 +639,8 @@ class Driver:
                     res = {"status": e.status, "detail": e.detail}
                     if self.fatal is not None:
                         res = {"status": self.fatal[0], "detail": self.fatal[1]}
-            res["time"] = round(time.monotonic() - start, 6)
-            self.record({"ev": "test", "id": tid, **res})
+            timeouts += res["status"] == "timeout"
+            self.record({"ev": "test", "id": tid, **res, "time": round(time.monotonic() - start, 6)})
         self.record({"ev": "done", "count": len(self.plan["tests"])})
 
 
@@ -674,7 +677,7 @@ def _bootstrap() -> None:
     if "_sl_values" not in sys.modules:  # run from source rather than through the stub
         here = os.path.dirname(os.path.abspath(__file__))
         sys.path.insert(0, here)
-        import _sl_values  # noqa: F401 - imported before any completion code can plant a copy
+        import _sl_values  # type: ignore[import-not-found]  # noqa: F401 - before any completion code runs
     if len(sys.argv) >= 4 and sys.argv[1] == "--worker":
         _worker_entry(int(sys.argv[2]), sys.argv[3])
     driver_main()

@@ -18,6 +18,7 @@ __all__ = [
     "ScoreSummary",
     "TestOutcome",
     "Verdict",
+    "counted_tests",
     "overall_verdict",
     "pass_at_k",
     "shape_reward",
@@ -41,6 +42,7 @@ class TestOutcome(BaseModel):
     """The verdict of one test, with a short reason for anything but ``passed``."""
 
     model_config = ConfigDict(frozen=True)
+    __test__ = False  # not a pytest test class
 
     name: str
     verdict: Verdict
@@ -85,7 +87,9 @@ def overall_verdict(outcomes: Sequence[TestOutcome]) -> Verdict:
     return Verdict.PASSED
 
 
-def _counted(outcomes: Sequence[TestOutcome], on: str) -> list[TestOutcome]:
+def counted_tests(outcomes: Sequence[TestOutcome], on: str) -> list[TestOutcome]:
+    """The outcomes that a reward ``on`` ``hidden``/``public``/``all`` tests counts (``hidden``
+    falls back to all tests when there are no hidden ones)."""
     if on == "all":
         return list(outcomes)
     hidden = [o for o in outcomes if o.hidden]
@@ -108,7 +112,7 @@ def shape_reward(
     cfg = config or RewardConfig()
     if format_error:
         return cfg.format_error_reward, None
-    counted = _counted(outcomes, cfg.on)
+    counted = counted_tests(outcomes, cfg.on)
     if not counted:
         return None, f"no {cfg.on} tests to score"
     broken = [o for o in counted if o.verdict is Verdict.SANDBOX_ERROR]

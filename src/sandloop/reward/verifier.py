@@ -30,6 +30,7 @@ from sandloop.reward.verdicts import (
     RewardConfig,
     TestOutcome,
     Verdict,
+    counted_tests,
     overall_verdict,
     shape_reward,
 )
@@ -156,7 +157,9 @@ class Verifier:
     """Scores completions against tasks through a sandbox runner (``SandboxPool.run`` fits).
 
     ``comparison`` overrides each task's own comparison settings; ``retries`` is how many times a
-    run that failed with ``sandbox_error`` is repeated; ``max_run_s`` caps one run's wall time.
+    run that failed with ``sandbox_error`` is repeated; ``max_run_s`` caps one run's wall time;
+    ``time_scale`` multiplies every per-test time limit; after ``max_timeouts`` timed-out tests the
+    rest of a completion's tests are not run and count as timeouts (0: run them all).
     """
 
     def __init__(
@@ -168,6 +171,7 @@ class Verifier:
         retries: int = 2,
         max_run_s: float = 120.0,
         time_scale: float = 1.0,
+        max_timeouts: int = 1,
     ) -> None:
         self.run = run
         self.reward = reward or RewardConfig()
@@ -175,6 +179,7 @@ class Verifier:
         self.retries = retries
         self.max_run_s = max_run_s
         self.time_scale = time_scale
+        self.max_timeouts = max_timeouts
 
     def config_hash(self) -> str:
         """Hash of everything besides task and completion that affects a result."""
@@ -186,6 +191,7 @@ class Verifier:
                 "comparison": self.comparison.model_dump(mode="json") if self.comparison else None,
                 "max_run_s": self.max_run_s,
                 "time_scale": self.time_scale,
+                "max_timeouts": self.max_timeouts,
             },
             sort_keys=True,
         )
@@ -234,7 +240,8 @@ class Verifier:
             completion_hash=completion_hash(completion),
             reward=reward,
             reward_reason=reason,
-            verdict=overall_verdict(outcomes),
+            # Over the tests the reward counts, so verdict and reward never disagree.
+            verdict=overall_verdict(counted_tests(outcomes, self.reward.on) or outcomes),
             tests=outcomes,
             public=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in pub), total=len(pub)),
             hidden=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in hid), total=len(hid)),
@@ -272,6 +279,7 @@ class Verifier:
             "prelude": task.starter_code if has_scripts else "",
             "import_timeout": import_timeout,
             "budget": budget,
+            "max_timeouts": self.max_timeouts,
             "tests": tests,
         }
         limits = Limits(

@@ -7,6 +7,7 @@ line and the field. Nothing here executes task code (test scripts are only parse
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -165,18 +166,16 @@ def from_humaneval(rec: dict[str, Any], lineno: int) -> Task:
 
 def _mbpp_entry_point(code: str, first_test: str) -> str:
     defined: list[str] = []
-    try:
+    with contextlib.suppress(SyntaxError):
         defined = [
             n.name for n in ast.parse(code).body
             if isinstance(n, ast.FunctionDef | ast.ClassDef)
         ]
-    except SyntaxError:
-        pass
     try:
         for node in ast.walk(ast.parse(first_test)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if not defined or node.func.id in defined:
-                    return node.func.id
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and (not defined or node.func.id in defined)):
+                return node.func.id
     except SyntaxError:
         pass
     if defined:
@@ -373,7 +372,7 @@ FORMATS: dict[str, Callable[[dict[str, Any], int], Task]] = {
 def detect_format(rec: dict[str, Any]) -> str:
     """Name the format of one record from its keys."""
     keys = set(rec)
-    if rec.get("schema") == SCHEMA or {"public_tests", "hidden_tests"} & keys and "id" in keys:
+    if rec.get("schema") == SCHEMA or ({"public_tests", "hidden_tests"} & keys and "id" in keys):
         return "native"
     if {"prompt", "test", "entry_point"} <= keys:
         return "humaneval"

@@ -1,0 +1,227 @@
+"""The verifier end to end, in real sandboxes (full isolation)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from sandloop.cli.score import score_command
+from sandloop.reward import Verdict, Verifier
+from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.tasks import CallTest, Checker, IOTest, Task, TaskLimits, load_tasks
+
+PoolThread = Any  # the session fixture of conftest.py
+
+HUMANEVAL = load_tasks("humaneval")
+
+
+def test_all_164_humaneval_references_score_1(sandbox: PoolThread) -> None:
+    v = Verifier(sandbox.pool.run)
+    start = time.perf_counter()
+    results = sandbox.all(v.verify(t, t.reference_solution or "") for t in HUMANEVAL)
+    elapsed = time.perf_counter() - start
+    bad = [(r.task_id, r.verdict, [o.detail for o in r.tests if o.verdict != "passed"][:1])
+           for r in results if r.reward != 1.0]
+    assert bad == []
+    assert all(r.verdict is Verdict.PASSED for r in results)
+    assert elapsed < 60
+
+
+class _FlipFirstCompare(ast.NodeTransformer):
+    """Mutates the first comparison or arithmetic operator of a solution."""
+
+    FLIP: ClassVar[dict[type, type]] = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
+            ast.NotEq: ast.Eq, ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add}
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        if not self.done and type(node.ops[0]) in self.FLIP:
+            node.ops[0] = self.FLIP[type(node.ops[0])]()
+            self.done = True
+        return self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        if not self.done and type(node.op) in self.FLIP:
+            node.op = self.FLIP[type(node.op)]()
+            self.done = True
+        return self.generic_visit(node)
+
+
+def _mutant(task: Task) -> str | None:
+    tree = ast.parse(task.prompt + (task.reference_solution or ""))
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == task.entry_point)
+    m = _FlipFirstCompare()
+    m.visit(fn)
+    return ast.unparse(tree) if m.done else None
+
+
+def test_mutated_humaneval_references_do_not_score_1(sandbox: PoolThread) -> None:
+    v = Verifier(sandbox.pool.run, time_scale=0.5)
+    pairs = [(t, m) for t in HUMANEVAL if (m := _mutant(t)) is not None]
+    assert len(pairs) > 120
+    results = sandbox.all(v.verify(t, m) for t, m in pairs)
+    caught = [r for r in results if r.reward == 0.0]
+    assert all(r.reward in (0.0, 1.0) for r in results)
+    # A few single-operator mutants are equivalent (e.g. a flipped guard that never fires).
+    assert len(caught) / len(results) > 0.9
+    # "return None" instead of the real body is never right.
+    nones = [(t, t.prompt + "    return None\n") for t in HUMANEVAL[:40]]
+    results = sandbox.all(v.verify(t, c) for t, c in nones)
+    assert [r.task_id for r in results if r.reward != 0.0] == []
+
+
+def _stdio_task(**kw: object) -> Task:
+    base: dict[str, object] = dict(
+        id="sum", test_kind="stdio", limits=TaskLimits(time_s=1.0),
+        public_tests=(IOTest(name="p0", stdin="1 2\n", expected_stdout="3\n"),),
+        hidden_tests=(IOTest(name="h0", stdin="5 5\n", expected_stdout="10\n"),
+                      IOTest(name="h1", stdin="-1 1\n", expected_stdout="0\n")),
+    )
+    base.update(kw)
+    return Task(**base)  # type: ignore[arg-type]
+
+
+def test_stdio_python_all_tests_in_one_run(sandbox: PoolThread) -> None:
+    v = Verifier(sandbox.pool.run)
+    task = _stdio_task()
+    good = "a, b = map(int, input().split())\nprint(a + b)\n"
+    wrong = "a, b = map(int, input().split())\nprint(a - b if a == 1 else a + b + 1)\n"
+    crash = "raise SystemExit(3)\n"
+    hang = "while True: pass\n"
+    r_good, r_wrong, r_crash, r_hang = sandbox.all(
+        v.verify(task, c) for c in (good, wrong, crash, hang))
+    assert r_good.reward == 1.0 and r_good.public.passed == 1 and r_good.hidden.passed == 2
+    assert r_wrong.reward == 0.0 and r_wrong.verdict is Verdict.WRONG_ANSWER
+    assert r_crash.reward == 0.0 and r_crash.verdict is Verdict.RUNTIME_ERROR
+    assert r_hang.reward == 0.0 and r_hang.verdict is Verdict.TIMEOUT
+
+
+def test_stdio_other_language_and_checker(sandbox: PoolThread) -> None:
+    v = Verifier(sandbox.pool.run)
+    bash = _stdio_task(language="bash")
+    r = sandbox.run(v.verify(bash, "read a b\necho $((a + b))\n"))
+    assert r.reward == 1.0, r.tests
+    # Any two numbers summing to the answer are accepted: only a checker can judge that.
+    checker = Checker(source=(
+        "import sys\n"
+        "inp, out, ans = (open(p).read().split() for p in sys.argv[1:4])\n"
+        "sys.exit(0 if len(out) == 2 and int(out[0]) + int(out[1]) == int(ans[0]) else 1)\n"))
+    split = _stdio_task(checker=checker)
+    ok = "a, b = map(int, input().split())\nprint(a + b - 1, 1)\n"
+    bad = "print(1, 1)\n"
+    r_ok, r_bad = sandbox.all([v.verify(split, ok), v.verify(split, bad)])
+    assert r_ok.reward == 1.0, r_ok.tests
+    assert r_bad.reward == 0.0 and r_bad.verdict is Verdict.WRONG_ANSWER
+
+
+def test_unittest_and_pytest_style_scripts(sandbox: PoolThread) -> None:
+    source = (
+        "import unittest\n"
+        "class TestAdd(unittest.TestCase):\n"
+        "    def test_small(self):\n"
+        "        self.assertEqual(add(1, 2), 3)\n"
+        "    def test_raises(self):\n"
+        "        with self.assertRaises(TypeError):\n"
+        "            add(1, None)\n"
+        "def test_plain():\n"
+        "    assert candidate(-1, 1) == 0\n"
+    )
+    from sandloop.tasks.convert import expand_script
+    task = Task(id="add", entry_point="add", test_kind="script",
+                hidden_tests=tuple(expand_script(source)))
+    assert [t.name for t in task.hidden_tests] == ["TestAdd.test_small", "TestAdd.test_raises",
+                                                    "test_plain"]
+    v = Verifier(sandbox.pool.run)
+    honest = "def add(a, b):\n    return a + b\n"
+    skip = "import unittest\ndef add(a, b):\n    raise unittest.SkipTest('no')\n"
+    r_ok, r_skip = sandbox.all([v.verify(task, honest), v.verify(task, skip)])
+    assert r_ok.reward == 1.0, r_ok.tests
+    assert r_skip.reward == 0.0 and r_skip.hidden.passed == 0
+
+
+async def _always_broken(program: Program, limits: Limits) -> ExecResult:
+    return ExecResult.sandbox_error("injected: slot lost")
+
+
+def test_injected_sandbox_error_gives_null_reward_after_retries() -> None:
+    calls = 0
+
+    async def broken(program: Program, limits: Limits) -> ExecResult:
+        nonlocal calls
+        calls += 1
+        return await _always_broken(program, limits)
+
+    v = Verifier(broken, retries=2)
+    r = asyncio.run(v.verify(HUMANEVAL[0], HUMANEVAL[0].reference_solution or ""))
+    assert calls == 3 and r.attempts == 3
+    assert r.reward is None and r.verdict is Verdict.SANDBOX_ERROR
+    assert r.reward_reason is not None and "injected: slot lost" in r.reward_reason
+
+
+def test_injected_transient_sandbox_error_is_retried(sandbox: PoolThread) -> None:
+    calls = 0
+
+    async def flaky(program: Program, limits: Limits) -> ExecResult:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return ExecResult.sandbox_error("injected: transient")
+        return await sandbox.pool.run(program, limits)
+
+    v = Verifier(flaky)
+    r = sandbox.run(v.verify(HUMANEVAL[0], HUMANEVAL[0].reference_solution or ""))
+    assert r.reward == 1.0 and r.attempts == 2
+
+
+def test_hidden_expected_values_never_enter_the_sandbox() -> None:
+    seen: list[Program] = []
+
+    async def spy(program: Program, limits: Limits) -> ExecResult:
+        seen.append(program)
+        return ExecResult.sandbox_error("spy only")
+
+    task = Task(id="t", entry_point="f", hidden_tests=(
+        CallTest(name="h", args=["input-marker"], expected="SECRET-EXPECTED-VALUE"),))
+    asyncio.run(Verifier(spy, retries=0).verify(task, "def f(x):\n    return x\n"))
+    (program,) = seen
+    files = b"".join(v.encode() if isinstance(v, str) else v for v in program.files.values())
+    everything = str(program.stdin).encode() + program.source.encode() + files
+    assert b"input-marker" in everything
+    assert b"SECRET-EXPECTED-VALUE" not in everything
+
+
+def test_score_command_resumes_from_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    comps = tmp_path / "c.jsonl"
+    lines = [{"task_id": t.id, "completion": t.reference_solution} for t in HUMANEVAL[:6]]
+    lines.append({"task_id": "HumanEval/0", "completion": "    return 42\n", "completion_id": "bad"})
+    comps.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out, db = tmp_path / "out.jsonl", tmp_path / "r.db"
+    rc = score_command("humaneval", comps, out=out, db=db, as_json=True, progress=False, k=(1,))
+    assert rc == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["cached"] == 0 and first["completions"] == 7
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["completion_id"] for r in rows] == ["0", "0", "0", "0", "0", "0", "bad"]
+    assert {"task_id", "completion_id", "reward", "verdict", "tests", "public", "hidden",
+            "timings"} <= set(rows[0])
+    assert rows[-1]["reward"] == 0.0 and rows[-1]["verdict"] == "wrong_answer"
+    assert first["pass_at_k"]["pass@1"] == pytest.approx((5 + 0.5) / 6)
+    rc = score_command("humaneval", comps, out=out, db=db, as_json=True, progress=False, k=(1,))
+    second = json.loads(capsys.readouterr().out)
+    assert rc == 0 and second["cached"] == 7
+    assert [json.loads(x) for x in out.read_text().splitlines()] == rows
+
+
+def test_score_command_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    comps = tmp_path / "c.jsonl"
+    comps.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": "nope", "completion": ""}\n')
+    assert score_command("humaneval", comps, no_db=True, progress=False) == 2
+    assert "c.jsonl:2: field 'task_id': 'nope' is not in the task set" in capsys.readouterr().err
