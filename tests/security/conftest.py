@@ -103,6 +103,8 @@ async def sandbox(host_world: HostWorld) -> AsyncIterator[PoolInfo]:
         pytest.skip("the adversarial suite needs root (full isolation)")
     host_mounts = mount_table()
     proc_mounts = _read("/proc/mounts")
+    # Pools other test modules of this session still hold (session-scoped) are not strays.
+    preexisting = {g for groups in sandloop_cgroups().values() for g in groups}
     pool = SandboxPool(SLOTS)
     await pool.start()
     assert pool.isolation_level == "full", pool.report.problem() if pool.report else "?"
@@ -115,7 +117,7 @@ async def sandbox(host_world: HostWorld) -> AsyncIterator[PoolInfo]:
         pool=pool, unisolated=SandboxPool(SLOTS, isolation="none"),
         uids={pool.uid_base + i for i in range(SLOTS)}, zygotes=zygotes,
         zygote_mounts={i: mount_table(str(pid)) for i, pid in zygotes.items()},
-        host_mounts=host_mounts, host_proc_mounts=proc_mounts,
+        host_mounts=host_mounts, host_proc_mounts=proc_mounts, preexisting=preexisting,
     )
     ours = {s.name for s in slots}
     try:
@@ -169,7 +171,7 @@ def host_audit(sandbox: PoolInfo, host_world: HostWorld) -> Iterator[None]:
     for ctrl, groups in sandloop_cgroups().items():
         for g in groups:
             owner = _pool_owner_pid(g)
-            if g in ours:
+            if g in ours or g in sandbox.preexisting:
                 continue
             if owner == me:
                 problems.append(f"stray cgroup {ctrl}/sandloop/{g} created by this process")

@@ -228,6 +228,7 @@ class PoolInfo:
     zygote_mounts: dict[int, list[str]]
     host_mounts: list[str]
     host_proc_mounts: str
+    preexisting: set[str]  # sandloop cgroups that existed before this suite's pool
 
 
 # -- the audit around every test ---------------------------------------------------------------

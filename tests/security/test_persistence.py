@@ -336,12 +336,6 @@ async def test_random_state_not_shared_between_runs(sandbox: PoolInfo) -> None:
 # -- cross-run channels through state the slot keeps ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WEAKNESS: Program.argv of earlier runs stays in the zygote's heap (it parses every run "
-    "request) and every later child is forked from that heap, so a run can read the argv of "
-    "previous runs on its slot from its own memory. Fix in src/sandloop/sandbox/zygote.py: "
-    "never let untrusted per-run data reach the zygote's heap (pass the exec spec in a sealed "
-    "memfd like stdin/files, read only by the child)."))
 async def test_previous_runs_argv_not_in_memory(sandbox: PoolInfo) -> None:
     tok = "SBXARGV" + secrets.token_hex(8)
     await per_slot(sandbox.pool, Program(source="import os; print(os.getuid())", argv=[tok]))
@@ -366,12 +360,6 @@ print(json.dumps({"found": sorted(found)}))
         assert tok not in report(r)["found"], "a run read an earlier run's argv from memory"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WEAKNESS: the network namespace is per slot, not per run (zygote.Zygote.setup), so TCP "
-    "sockets a run leaves in TIME_WAIT stay listed in /proc/net/tcp for ~60 s and the next "
-    "run on the slot reads ports the previous run chose: a cross-run channel. Fix: give each "
-    "run its own net namespace (CLONE_NEWNET in Zygote.spawn; the prepared spare child takes "
-    "the cost off the critical path)."))
 async def test_no_network_state_left_for_the_next_run(sandbox: PoolInfo) -> None:
     port_a, port_b = 20000 + secrets.randbelow(20000), 40000 + secrets.randbelow(20000)
     writer = f"""
@@ -394,12 +382,6 @@ print(json.dumps({{"seen": [p for p in ({port_a}, {port_b}) if (":%04X" % p) in 
         assert report(r)["seen"] == [], "the next run saw the previous run's sockets"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WEAKNESS: the work dir tmpfs is reused across runs of a slot (wiped, not remounted: "
-    "zygote.Zygote.ensure_work/wipe_work), and tmpfs numbers inodes per superblock, so the "
-    "next run learns how many files the previous run created from the inode number of its "
-    "first file: a cross-run channel. Fix: a fresh tmpfs per run (mount it in the prepared "
-    "child, off the critical path)."))
 async def test_work_dir_inode_numbers_reveal_nothing(sandbox: PoolInfo) -> None:
     probe = """
 import os
@@ -425,13 +407,6 @@ for i in range({count}):
 # -- slot-breaking attacks, on a pool of their own ---------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WEAKNESS: a directory tree ~3000 levels deep (3000 inodes, within the default 4096) makes "
-    "the zygote's wipe of the reused work dir fail (shutil.rmtree recursion/fd limit) inside "
-    "Zygote.reap(), which runs outside any try in Zygote.serve: the zygote dies and the slot "
-    "must be restarted (~0.3 s) - untrusted input crashes the fork-server. Fix in "
-    "src/sandloop/sandbox/zygote.py: wipe iteratively (or unmount and remount), and never let "
-    "a cleanup failure escape reap()."))
 async def test_deep_directory_tree_does_not_crash_the_zygote(sandbox: PoolInfo) -> None:
     src = """
 import os

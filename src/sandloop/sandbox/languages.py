@@ -34,6 +34,7 @@ class LanguageSpec:
     compile: Step | None
     run: Step
     tools: tuple[str, ...]  # host binaries that must exist
+    binary: str = "main"  # what the compile step produces, relative to the work dir
 
     def check_available(self) -> None:
         missing = [t for t in self.tools if shutil.which(t, path=SANDBOX_PATH) is None]

@@ -75,6 +75,7 @@ class Limits(BaseModel):
     open_files: int = Field(256, ge=16, le=65536, description="file descriptors per process")
     compile_time_s: float = Field(30.0, gt=0, le=3600, description="wall limit for compilation")
     compile_memory_mb: int = Field(1024, ge=64, le=65536, description="memory for compilation")
+    compile_output_mb: int = Field(64, ge=1, le=1024, description="largest compiled program")
 
     @property
     def cpu_limit_s(self) -> float:

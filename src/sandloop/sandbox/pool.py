@@ -232,37 +232,40 @@ class SandboxPool:
         files = {name: _as_bytes(v) for name, v in program.files.items()}
         files[spec.main_file] = program.source.encode()
         env = sandbox_env(spec.name)
-        work = slot.new_work_id()
-        try:
-            compile_result: ExecResult | None = None
-            if spec.compile is not None:
-                c = await slot.execute(
-                    spec.compile, _step_limits(limits, compile_step=True), work=work,
-                    stdin=b"", files=pack_files(files), env=env, fresh_work=True,
-                )
-                compile_result = classify(c, cpu_limit_s=limits.compile_time_s, isolation="full")
-                if compile_result.status is not Status.OK:
-                    status = (Status.SANDBOX_ERROR if compile_result.status is Status.SANDBOX_ERROR
-                              else Status.COMPILE_ERROR)
-                    return ExecResult(status=status, compile=compile_result, isolation="full",
-                                      error=compile_result.error,
-                                      wall_time_s=compile_result.wall_time_s)
-                files = {}
-            o: StepOutcome = await slot.execute(
-                spec.run, _step_limits(limits, compile_step=False), work=work,
-                stdin=_as_bytes(program.stdin), files=pack_files(files), env=env,
-                collect=tuple(program.collect), fresh_work=spec.compile is None,
-                discard_work=not program.collect,
+        executable: frozenset[str] = frozenset()
+        compile_result: ExecResult | None = None
+        if spec.compile is not None:
+            # Each step gets a fresh work dir; the binary travels from one to the next.
+            c = await slot.execute(
+                spec.compile, _step_limits(limits, compile_step=True), stdin=b"",
+                files=pack_files(files), env=env, collect=(spec.binary,),
+                collect_max=limits.compile_output_mb << 20,
             )
-            result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
-            if compile_result is not None:
-                result = result.model_copy(update={"compile": compile_result})
-            if not program.collect:
-                work = ""  # the zygote removed it as soon as the run exited
-            return result
-        finally:
-            if work and not slot.broken:
-                await slot.remove_work(work)
+            compile_result = classify(c, cpu_limit_s=limits.compile_time_s, isolation="full")
+            binary = c.files.get(spec.binary)
+            if compile_result.status is Status.OK and binary is None:
+                compile_result = compile_result.model_copy(update={
+                    "status": Status.RUNTIME_ERROR,
+                    "stderr": compile_result.stderr + "\nthe compiler produced no program\n"})
+            compile_result = compile_result.model_copy(update={"files": {}})
+            if compile_result.status is not Status.OK or binary is None:
+                status = (Status.SANDBOX_ERROR if compile_result.status is Status.SANDBOX_ERROR
+                          else Status.COMPILE_ERROR)
+                return ExecResult(status=status, compile=compile_result, isolation="full",
+                                  error=compile_result.error,
+                                  wall_time_s=compile_result.wall_time_s)
+            files = {n: d for n, d in files.items() if n != spec.main_file}
+            files[spec.binary] = binary
+            executable = frozenset({spec.binary})
+        o: StepOutcome = await slot.execute(
+            spec.run, _step_limits(limits, compile_step=False),
+            stdin=_as_bytes(program.stdin), files=pack_files(files, executable), env=env,
+            collect=tuple(program.collect), collect_max=limits.stdout_bytes,
+        )
+        result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
+        if compile_result is not None:
+            result = result.model_copy(update={"compile": compile_result})
+        return result
 
 
 UID_RANGE_STRIDE = 256

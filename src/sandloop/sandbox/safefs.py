@@ -58,12 +58,13 @@ def read_regular(root: str, relpath: str, max_bytes: int) -> bytes:
         os.close(leaf)
 
 
-def pack_files(files: dict[str, bytes], mode: int = 0o644) -> bytes:
+def pack_files(files: dict[str, bytes], executable: frozenset[str] = frozenset()) -> bytes:
     """Serialise files for the child to create (see ``zygote._write_files``)."""
     out = bytearray()
     for name, data in files.items():
         check_relative_path(name)
         raw = name.encode()
+        mode = 0o755 if name in executable else 0o644
         out += struct.pack("<IQH", len(raw), len(data), mode)
         out += raw
         out += data

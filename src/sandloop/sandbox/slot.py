@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -33,9 +34,10 @@ from sandloop.sandbox.cgroups import (
     SlotCgroup,
 )
 from sandloop.sandbox.languages import Step
-from sandloop.sandbox.safefs import UnsafePath, read_regular, sealed_memfd
+from sandloop.sandbox.safefs import sealed_memfd
 
 CHANNEL_MAX_BYTES = 16 << 20
+STATUS_MAX_BYTES = 256 << 20  # status records, including collected files
 READ_CHUNK = 1 << 16
 
 
@@ -168,15 +170,17 @@ class Slot:
         }
         try:
             self.proc = subprocess.Popen(
-                [self.config.python, "-I", zygote_module.__file__, json.dumps(cfg),
-                 str(child.fileno())],
+                [self.config.python, "-I", zygote_module.__file__, str(child.fileno())],
                 pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 close_fds=True,
             )
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(cfg).encode())
+            self.proc.stdin.close()
         finally:
             child.close()
         parent.setblocking(False)
@@ -209,12 +213,12 @@ class Slot:
         return self.proc.pid
 
     def work_root(self, work: str) -> str:
-        """The work dir as the supervisor sees it (through the zygote's mount namespace)."""
+        """A persistent work dir as the supervisor sees it (through the zygote's namespace)."""
         return f"/proc/{self.zygote_pid}/root{self.base}/work/{work}"
 
-    def new_work_id(self, *, persistent: bool = False) -> str:
-        """The slot's reusable scratch dir, or a dedicated one that lives until removed."""
-        return f"w{next(self._ids)}" if persistent else "scratch"
+    def new_work_id(self) -> str:
+        """A name for a persistent work dir (sessions); it lives until ``remove_work``."""
+        return f"w{next(self._ids)}"
 
     # -- messaging ------------------------------------------------------------------------------
     async def _recv(self, timeout: float) -> dict[str, Any]:
@@ -276,15 +280,18 @@ class Slot:
         step: Step,
         limits: StepLimits,
         *,
-        work: str,
         stdin: bytes,
         files: bytes,
         env: dict[str, str],
+        work: str | None = None,
         collect: tuple[str, ...] = (),
-        fresh_work: bool = True,
-        discard_work: bool = False,
+        collect_max: int = 1 << 20,
     ) -> StepOutcome:
-        """Run one step in a fresh child and observe it until every process of it is gone."""
+        """Run one step in a fresh child and observe it until every process of it is gone.
+
+        ``work`` names a persistent work dir (sessions); by default the child gets a fresh
+        tmpfs that dies with it. ``collect`` names work-dir files to bring back.
+        """
         self.runs += 1
         out = StepOutcome()
         assert self.cg is not None
@@ -295,10 +302,23 @@ class Slot:
             self.broken = True
             out.infra_error = f"cannot arm the slot cgroup: {e}"
             return out
-        fds = self._make_fds(stdin, files)
+        spec = {
+            "rlimits": {
+                "RLIMIT_CORE": 0,
+                "RLIMIT_NOFILE": limits.open_files,
+                "RLIMIT_FSIZE": limits.workdir_mb << 20,
+                # A per-process backstop; the cgroup total is enforced from here.
+                "RLIMIT_CPU": math.ceil(limits.cpu_s) + 1,
+                "RLIMIT_STACK": min(limits.memory_bytes, 256 << 20),
+            },
+            "env": env,
+            "exec": step.to_wire(),
+            "collect": list(collect),
+            "collect_max": collect_max,
+        }
+        fds = self._make_fds(stdin, files, json.dumps(spec).encode())
         try:
-            await self._run_child(step, limits, work, env, cg, base, fds, out,
-                                  {"fresh_work": fresh_work, "discard_work": discard_work})
+            await self._run_child(limits, work, cg, base, fds, out)
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -312,60 +332,44 @@ class Slot:
         if out.pid_ns and not _sweep_pid_ns(cg, out.pid_ns, self.zygote_pid):
             self.broken = True
             out.infra_error = "run left processes behind that could not be killed"
-        for name in collect:
-            with contextlib.suppress(FileNotFoundError, UnsafePath, NotADirectoryError):
-                out.files[name] = read_regular(self.work_root(work), name, limits.stdout_bytes)
         return out
 
-    def _make_fds(self, stdin: bytes, files: bytes) -> list[int]:
-        # Order matters: zygote.Zygote.handle expects
-        # [stdin, files, stdout(w), stderr(w), channel(w), status(w)] and we keep the read ends.
-        fds = [sealed_memfd("stdin", stdin), sealed_memfd("files", files)]
+    def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
+        # Order matters: zygote.serve_one expects
+        # [stdin, files, spec, stdout(w), stderr(w), channel(w), status(w)]; we keep read ends.
+        # Everything run-specific travels in memfds that only the child reads, never the zygote.
+        fds = [sealed_memfd("stdin", stdin), sealed_memfd("files", files),
+               sealed_memfd("spec", spec)]
         for _ in range(4):
             r, w = os.pipe2(os.O_CLOEXEC)
             fds.append(w)
             fds.append(r)
-        # fds = [stdin, files, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r]
+        # fds = [stdin, files, spec, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r]
         return fds
 
     async def _run_child(
         self,
-        step: Step,
         limits: StepLimits,
-        work: str,
-        env: dict[str, str],
+        work: str | None,
         cg: SlotCgroup,
         base: Any,
         fds: list[int],
         out: StepOutcome,
-        work_flags: dict[str, bool],
     ) -> None:
         loop = asyncio.get_running_loop()
-        stdin_fd, files_fd, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r = fds
-        rlimits = {
-            "RLIMIT_CORE": 0,
-            "RLIMIT_NOFILE": limits.open_files,
-            "RLIMIT_FSIZE": limits.workdir_mb << 20,
-            # A per-process backstop; the cgroup total is enforced from here.
-            "RLIMIT_CPU": math.ceil(limits.cpu_s) + 1,
-            "RLIMIT_STACK": min(limits.memory_bytes, 256 << 20),
-        }
+        stdin_fd, files_fd, spec_fd, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r = fds
         msg = {
             "op": "run",
-            "work": work,
+            "work": work or "",
             "workdir_mb": limits.workdir_mb,
             "workdir_inodes": limits.workdir_inodes,
-            "rlimits": rlimits,
-            "env": env,
-            "exec": step.to_wire(),
-            **work_flags,
         }
         captures = {
             "out": _Capture(out_r, limits.stdout_bytes),
             "err": _Capture(err_r, limits.stderr_bytes),
             "chan": _Capture(chan_r, CHANNEL_MAX_BYTES),
         }
-        status = _Capture(st_r, 1 << 16)
+        status = _Capture(st_r, STATUS_MAX_BYTES)
         pid: int | None = None
         pidfd: int | None = None
         total_out = 0
@@ -390,12 +394,12 @@ class Slot:
             os.set_blocking(fd, False)
         try:
             reply = await self._request(
-                msg, [stdin_fd, files_fd, out_w, err_w, chan_w, st_w], timeout=30.0
+                msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w], timeout=30.0
             )
         finally:
-            for fd in (out_w, err_w, chan_w, st_w):
-                os.close(fd)
-            fds[2] = fds[4] = fds[6] = fds[8] = -1
+            for i in (3, 5, 7, 9):  # our copies of the write ends: EOF must mean the run is over
+                os.close(fds[i])
+                fds[i] = -1
         if not reply.get("ok"):
             out.infra_error = f"zygote refused the run: {reply.get('error')}"
             return
@@ -447,16 +451,36 @@ class Slot:
         out.stdout_truncated = captures["out"].truncated
         out.stderr_truncated = captures["err"].truncated
         out.channel = bytes(captures["chan"].buf)
-        for line in bytes(status.buf).splitlines():
-            if line.startswith(b"E"):
-                out.setup_error = line[1:].decode(errors="replace")
-            elif line.startswith(b"X"):
-                rec = json.loads(line[1:])
-                out.wait_status = int(rec["status"])
-                out.rusage = {k: float(v) for k, v in rec.items() if k != "status"}
+        _parse_status(bytes(status.buf), out)
         if out.wait_status is None and out.infra_error is None:
             self.broken = True
             out.infra_error = "the zygote did not report the run's exit status"
+
+
+def _parse_status(buf: bytes, out: StepOutcome) -> None:
+    """Decode the status records (see zygote.py). The trusted pid 1's report of the program
+    (P) takes precedence over the zygote's report of pid 1 itself (X)."""
+    pos = 0
+    program: dict[str, Any] | None = None
+    while pos + 5 <= len(buf):
+        kind = buf[pos:pos + 1]
+        (n,) = struct.unpack_from("<I", buf, pos + 1)
+        payload = buf[pos + 5:pos + 5 + n]
+        pos += 5 + n
+        if kind == b"E":
+            out.setup_error = payload.decode(errors="replace")
+        elif kind == b"X":
+            rec = json.loads(payload)
+            out.wait_status = int(rec["status"])
+            out.rusage = {k: float(v) for k, v in rec.items() if k != "status"}
+        elif kind == b"P":
+            program = json.loads(payload)
+        elif kind == b"F" and len(payload) >= 2:
+            (nl,) = struct.unpack_from("<H", payload)
+            out.files[payload[2:2 + nl].decode(errors="replace")] = payload[2 + nl:]
+    if program is not None and out.setup_error is None:
+        out.wait_status = int(program["status"])
+        out.rusage = {k: float(v) for k, v in program.items() if k != "status"}
 
 
 def _sweep_pid_ns(cg: SlotCgroup, pid_ns: int, zygote: int) -> bool:

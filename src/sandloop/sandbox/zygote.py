@@ -2,25 +2,31 @@
 
 This file runs as its own process under the runtime's Python interpreter (``python -I zygote.py``),
 so it imports only the standard library. It is started as root by the slot supervisor, holds no
-secrets, and never runs untrusted code itself. It lives in its own mount namespace and in the
-slot's network namespace (loopback only); each run is a fresh child created with ``clone`` into
-new pid, mount, ipc and uts namespaces, which then
+secrets, never runs untrusted code, and never reads a request's program, arguments, stdin or
+files (they travel in memfds that only the child opens), so no child can find an earlier run's
+data in the memory it inherits. Each run is a fresh child cloned into new pid, mount, net, ipc
+and uts namespaces, which
 
   1. is born inside the slot's cgroups (memory, pids, cpu), which the zygote joined at start,
-  2. pivots into a minimal read-only root (runtime directories bound read-only, a fresh
-     size-limited tmpfs for /tmp, the slot's work tmpfs at /sandbox, a new /proc, a few devices),
-  3. sets rlimits, drops every capability, switches to the slot's unprivileged uid/gid,
-     sets no_new_privs and loads the seccomp filter the supervisor compiled,
-  4. and only then runs the program (exec, or for Python, in this already-warm interpreter).
-
-The zygote waits for each child and reports its exit status and rusage on the run's status pipe.
+  2. mounts a fresh size- and inode-limited tmpfs at /sandbox (or binds a session's persistent
+     work dir) and at /tmp, a /proc of its own pid namespace, brings up loopback, and pivots into
+     the zygote's minimal read-only root (runtime directories bound read-only, a few devices),
+  3. drops its capability bounding set and reports ready. A child prepared while the slot is
+     idle waits here, still root, so that a run skips clone and namespace setup;
+  4. on its request: sets rlimits, switches to the slot's unprivileged uid/gid, sets
+     no_new_privs, loads the seccomp filter, writes the files, and becomes the program (exec, or
+     Python in this already-warm interpreter). When files must be collected after the run, it
+     instead forks the program and stays as a trusted pid 1 that reports its status and files.
 
 Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM_RIGHTS):
-  supervisor -> zygote: {"op": "run", ...} + fds [stdin, files, stdout, stderr, channel, status]
+  supervisor -> zygote: {"op": "run", "work", "workdir_mb", "workdir_inodes"}
+                           + fds [stdin, files, spec, stdout, stderr, channel, status]
                         {"op": "rmwork", "work": id}   {"op": "ping"}
-  zygote -> supervisor: {"ok": true, "pid": host_pid} or {"ok": false, "error": "..."}
-  zygote -> status pipe: "E<message>\\n" on a setup failure (from the child),
-                         "X<json>\\n" when the child has exited (from the zygote).
+  zygote -> supervisor: {"ok": true, "pid": host_pid} (+ the child's mount-namespace fd)
+                        or {"ok": false, "error": "..."}
+  status pipe: records of 1 type byte + 4-byte little-endian length + payload:
+      E  setup failure (child, before any untrusted code)   X  exit record (zygote, JSON)
+      P  the program's wait status (trusted pid 1, JSON)    F  a collected file (name, bytes)
 """
 
 from __future__ import annotations
@@ -30,16 +36,17 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import gc
 import json
 import os
 import platform
 import resource
 import select
-import shutil
 import signal
 import socket
 import struct
 import sys
+from typing import Any
 
 # Modules commonly imported by model-written programs, imported once here so that children
 # start with them warm. None of them holds secrets or starts threads at import.
@@ -77,7 +84,6 @@ IFF_UP = 0x1
 SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
-SCRATCH = "scratch"  # the slot's reusable work dir for one-shot runs
 SETUP_FAILED_EXIT = 125  # exit code of a child whose isolation setup failed (reported as "E")
 WORK_DIR = "/sandbox"
 
@@ -176,7 +182,7 @@ def loopback_up() -> None:
 
 
 class Zygote:
-    def __init__(self, config: dict) -> None:  # type: ignore[type-arg]
+    def __init__(self, config: dict[str, Any]) -> None:
         self.base: str = config["base"]
         self.uid: int = config["uid"]
         self.gid: int = config["gid"]
@@ -187,10 +193,9 @@ class Zygote:
         self.root = os.path.join(self.base, "root")
         self.works = os.path.join(self.base, "work")
         self.status_fds: dict[int, int] = {}
-        self.discard: dict[int, str] = {}  # child pid -> work dir to remove once it has exited
-        self.work_opts: dict[str, str] = {}  # mounted work dirs -> their tmpfs size options
+        self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
         self.spare: Spare | None = None
-        self.last_key: tuple[str, str] | None = None
+        self.last_key: SpareKey | None = None
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -203,17 +208,9 @@ class Zygote:
                 f.write("0")
         # Shield the zygote from the OOM killer where the host lets us (CAP_SYS_RESOURCE);
         # each child also volunteers itself (+1000), which needs no privilege.
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("-1000")
-        except PermissionError:
-            pass
-        # The slot's own network namespace: only a loopback interface, no route anywhere.
-        # It is shared by the slot's runs, which are strictly sequential and leave no process
-        # (hence no socket) behind, and unprivileged runs cannot reconfigure it. Creating one
-        # per run cost ~1 ms of kernel time per run here, plus asynchronous cleanup.
-        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(CLONE_NEWNS | CLONE_NEWNET)")
-        loopback_up()
+        with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         # Nothing we mount may propagate back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         mount("tmpfs", self.base, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0700")
@@ -258,59 +255,24 @@ class Zygote:
         with open(os.path.join(etc, "hosts"), "w") as f:
             f.write("127.0.0.1 localhost sandbox\n::1 localhost\n")
 
-    # -- work dirs ------------------------------------------------------------------------------
+    # -- persistent work dirs (sessions) ------------------------------------------------------
     def work_path(self, work: str) -> str:
         if not work.isalnum():
             raise SetupError(f"bad work id {work!r}")
         return os.path.join(self.works, work)
 
-    def ensure_work(self, work: str, size_mb: int, inodes: int, fresh: bool) -> str:
-        """Mount the work tmpfs once, and resize it (empty) when a run asks for other limits.
-
-        Work dirs are reused rather than unmounted after every run: an unmount waits for an
-        RCU grace period (1-5 ms here), a wipe of a freshly used tmpfs takes microseconds.
-        """
-        path = self.work_path(work)
-        opts = f"size={size_mb}m,nr_inodes={inodes}"
+    def ensure_work(self, work: str, opts: str) -> None:
+        """Mount a named work tmpfs once; every run that names it gets it bound at /sandbox."""
         if work not in self.work_opts:
+            path = self.work_path(work)
             os.makedirs(path, 0o700, exist_ok=True)
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
                   f"{opts},mode=0755,uid={self.uid},gid={self.gid}")
             self.work_opts[work] = opts
-        elif self.work_opts[work] != opts:
-            if fresh:
-                self.wipe_work(work)
-            mount(None, path, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
-            self.work_opts[work] = opts
-        return path
-
-    def wipe_work(self, work: str) -> None:
-        """Empty a work dir and reset its root, leaving nothing for the next run to find.
-
-        Every process of the previous run is dead, so nothing races with the removal; the
-        removal itself never follows symlinks (shutil.rmtree's fd-based walk).
-        """
-        path = self.work_path(work)
-        with os.scandir(path) as it:
-            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        for name, is_dir in entries:
-            full = os.path.join(path, name)
-            if is_dir:
-                shutil.rmtree(full)
-            else:
-                os.unlink(full)
-        # The run owned the root of its work dir: undo mode, owner and extended attributes.
-        os.chmod(path, 0o755)
-        os.chown(path, self.uid, self.gid)
-        for attr in os.listxattr(path):
-            with contextlib.suppress(OSError):
-                os.removexattr(path, attr)
 
     def remove_work(self, work: str) -> None:
-        path = self.work_path(work)
-        if work == SCRATCH:
-            self.wipe_work(work)
-        elif work in self.work_opts:
+        if work in self.work_opts:
+            path = self.work_path(work)
             umount(path, MNT_DETACH)
             os.rmdir(path)
             del self.work_opts[work]
@@ -326,11 +288,9 @@ class Zygote:
             except InterruptedError:
                 continue
             if rfd in ready:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     while os.read(rfd, 512):
                         pass
-                except BlockingIOError:
-                    pass
                 self.reap()
             if sock.fileno() in ready:
                 try:
@@ -372,15 +332,11 @@ class Zygote:
             rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime,
                    "maxrss_kb": ru.ru_maxrss}
             with contextlib.suppress(OSError):
-                os.write(fd, b"X" + json.dumps(rec).encode() + b"\n")
+                write_record(fd, b"X", json.dumps(rec).encode())
             os.close(fd)
-            # The run is over: its work dir goes now, while the supervisor reads the result.
-            work = self.discard.pop(pid, None)
-            if work is not None:
-                self.remove_work(work)
             self.prespawn()
 
-    def handle(self, msg: dict, fds: list[int]) -> dict:  # type: ignore[type-arg]
+    def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         op = msg.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid()}
@@ -389,13 +345,13 @@ class Zygote:
             return {"ok": True}
         if op != "run":
             return {"ok": False, "error": f"unknown op {op!r}"}
-        if len(fds) != 6:
-            return {"ok": False, "error": f"run needs 6 fds, got {len(fds)}"}
-        work = self.ensure_work(msg["work"], msg["workdir_mb"], msg["workdir_inodes"],
-                                bool(msg.get("fresh_work")))
-        if msg.get("fresh_work") and os.listdir(work):
-            self.wipe_work(msg["work"])  # left over only if a previous run was not discarded
-        key = (msg["work"], tmp_options(msg["workdir_mb"], msg["workdir_inodes"]))
+        if len(fds) != 7:
+            return {"ok": False, "error": f"run needs 7 fds, got {len(fds)}"}
+        opts = tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"])
+        work = msg.get("work") or ""
+        if work:
+            self.ensure_work(work, opts)
+        key: SpareKey = (work, opts)
         spare = self.spare
         self.spare = None
         if spare is not None and spare.key != key:
@@ -405,72 +361,78 @@ class Zygote:
             if spare is not None:
                 try:
                     spare.wait_ready()
-                except SetupError:  # it died idle (killed, or failed): make a new one
+                except SetupError:  # it died while idle (killed, or failed): make a new one
                     spare.discard()
                     spare = None
             if spare is None:
-                spare = self.spawn(*key)
+                spare = self.spawn(key)
                 spare.wait_ready()
-            spare.dispatch(msg, fds)
+            spare.dispatch(fds)
         except SetupError as e:
             if spare is not None:
                 spare.discard()
             return {"ok": False, "error": str(e)}
-        self.status_fds[spare.pid] = os.dup(fds[5])
-        if msg.get("discard_work"):
-            self.discard[spare.pid] = msg["work"]
+        self.status_fds[spare.pid] = os.dup(fds[6])
         self.last_key = key
         # Hand the child's mount namespace to the supervisor: while it holds a reference, the
         # child's exit does not wait for the namespace's unmounts (an RCU grace period, several
         # ms here); the supervisor drops it off the critical path.
-        reply: dict = {"ok": True, "pid": spare.pid}  # type: ignore[type-arg]
+        reply: dict[str, Any] = {"ok": True, "pid": spare.pid}
         if spare.mntns is not None:
             reply["_fds"] = [spare.mntns]
             spare.mntns = None
-        spare.ctl.close()
+        spare.close()
         return reply
 
-    def spawn(self, work: str, tmp_opts: str) -> Spare:
+    def spawn(self, key: SpareKey) -> Spare:
         """Clone a child and let it isolate itself; it then waits for its one request."""
-        path = self.work_path(work)
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = clone_fork(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+        pid = clone_fork(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
         if pid == 0:
-            parent_end.close()
+            # The child must never return into the zygote's code, whatever happens.
             try:
-                prepare_child(self, path, tmp_opts)
-            except BaseException as e:  # any failure is a setup failure, reported on dispatch
-                with contextlib.suppress(OSError):
-                    child_end.send(b"E" + f"{type(e).__name__}: {e}".encode()[:4000])
+                parent_end.close()
+                try:
+                    prepare_child(self, key)
+                except BaseException as e:  # reported when the zygote waits for readiness
+                    with contextlib.suppress(OSError):
+                        child_end.send(b"E" + f"{type(e).__name__}: {e}".encode()[:4000])
+                    os._exit(SETUP_FAILED_EXIT)
+                child_end.send(b"R")
+                serve_one(self, child_end)
+            finally:
                 os._exit(SETUP_FAILED_EXIT)
-            child_end.send(b"R")
-            serve_one(self, child_end)  # never returns
-            os._exit(SETUP_FAILED_EXIT)
         child_end.close()
         mntns: int | None
         try:
             mntns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             mntns = None
-        return Spare(pid, parent_end, (work, tmp_opts), mntns)
+        return Spare(pid, parent_end, key, mntns)
 
     def prespawn(self) -> None:
         """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""
         if self.spare is None and self.last_key is not None and not self.status_fds:
+            work = self.last_key[0]
+            if work and work not in self.work_opts:
+                return
             try:
-                self.spare = self.spawn(*self.last_key)
+                self.spare = self.spawn(self.last_key)
             except (OSError, SetupError):
                 self.spare = None
 
 
-def tmp_options(size_mb: int, inodes: int) -> str:
-    return f"size={size_mb}m,nr_inodes={inodes},mode=1777"
+SpareKey = tuple[str, str]  # (persistent work dir name or "", tmpfs options)
+
+
+def tmpfs_options(size_mb: int, inodes: int) -> str:
+    return f"size={int(size_mb)}m,nr_inodes={int(inodes)}"
 
 
 class Spare:
-    """A child that has finished isolating itself and waits for its request on ``ctl``."""
+    """A child that has isolated itself and waits for its request on ``ctl``."""
 
-    def __init__(self, pid: int, ctl: socket.socket, key: tuple[str, str], mntns: int | None) -> None:
+    def __init__(self, pid: int, ctl: socket.socket, key: SpareKey, mntns: int | None) -> None:
         self.pid = pid
         self.ctl = ctl
         self.key = key
@@ -480,7 +442,7 @@ class Spare:
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Block until the child reports that its isolation is complete, or say why it failed."""
         if self.is_ready:
-            # Still alive? Anything readable now is EOF: the idle child died.
+            # Anything readable now is EOF: the idle child died.
             r, _, _ = select.select([self.ctl.fileno()], [], [], 0)
             if r:
                 raise SetupError("the prepared sandbox child died while idle")
@@ -494,10 +456,9 @@ class Spare:
             raise SetupError(f"sandbox setup failed: {detail}")
         self.is_ready = True
 
-    def dispatch(self, msg: dict, fds: list[int]) -> None:  # type: ignore[type-arg]
+    def dispatch(self, fds: list[int]) -> None:
         try:
-            self.ctl.sendmsg([json.dumps(msg).encode()],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            self.ctl.sendmsg([b"run"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         except OSError as e:
             raise SetupError(f"sandbox child died before its run: {e}") from e
 
@@ -516,19 +477,33 @@ class Spare:
             self.mntns = None
 
 
+def write_record(fd: int, kind: bytes, payload: bytes) -> None:
+    data = memoryview(kind + struct.pack("<I", len(payload)) + payload)
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
 # ----------------------------------------------------------------------------------------------
 # The child: pid 1 of its own pid namespace. Every step before the program is security-relevant.
 
 
-def prepare_child(z: Zygote, work: str, tmp_opts: str) -> None:
+def prepare_child(z: Zygote, key: SpareKey) -> None:
     """Isolate this fresh child before it knows what it will run."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle child dies with the zygote
     # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
+    work, opts = key
     r = z.root
-    # The work tmpfs at /sandbox, a fresh bounded /tmp, a /proc of this pid namespace only.
-    mount(work, r + WORK_DIR, None, MS_BIND)
-    mount("tmpfs", r + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
+    # /sandbox: a fresh tmpfs that no earlier run touched (or a session's own work dir);
+    # /tmp: a fresh bounded tmpfs; /proc: this pid namespace only.
+    if work:
+        mount(z.work_path(work), r + WORK_DIR, None, MS_BIND)
+    else:
+        mount("tmpfs", r + WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
+    mount("tmpfs", r + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=1777")
     mount("proc", r + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the
     # minimal tree, so no host path is reachable even by name.
@@ -537,6 +512,7 @@ def prepare_child(z: Zygote, work: str, tmp_opts: str) -> None:
     umount(".", MNT_DETACH)
     os.chdir("/")
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
+    loopback_up()
     # Drop every capability from the bounding set now; ids, no_new_privs and seccomp follow
     # when the request arrives (an idle prepared child stays root, so no process of the
     # slot's uid ever exists between runs).
@@ -552,8 +528,8 @@ def drop_privileges(z: Zygote) -> None:
     os.setresuid(z.uid, z.uid, z.uid)
     if os.getuid() != z.uid or os.geteuid() != z.uid or os.getegid() != z.gid:
         raise SetupError("uid/gid drop did not take effect")
-    # Credential changes clear the parent-death signal, so set it now: if the zygote dies, so
-    # does the whole pid namespace.
+    # Credential changes clear the parent-death signal, so set it again: if the zygote dies,
+    # so does the whole pid namespace.
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_DUMPABLE, 0)
     os.chdir(WORK_DIR)
@@ -563,25 +539,46 @@ def drop_privileges(z: Zygote) -> None:
 
 
 def serve_one(z: Zygote, ctl: socket.socket) -> None:
-    """Receive the one request (already unprivileged and filtered), then become the program."""
+    """Receive the one request, lock down, then become (or supervise) the program."""
     while True:
         try:
-            msg, fds = recv_msg(ctl)
+            msg, fds = recv_raw(ctl)
             break
         except InterruptedError:
             continue
-    if msg is None or len(fds) != 6:
+    if not msg or len(fds) != 7:
         os._exit(SETUP_FAILED_EXIT)
-    stdin_fd, files_fd, out_fd, err_fd, chan_fd, status_fd = fds
+    stdin_fd, files_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd = fds
+    ctl.close()
     try:
-        for name, value in msg["rlimits"].items():
+        spec = json.loads(_read_fd(spec_fd))
+        os.close(spec_fd)
+        for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         drop_privileges(z)
         _write_files(files_fd)  # as the slot user, inside the jail: no symlink can escape
+        os.close(files_fd)
     except BaseException as e:
         with contextlib.suppress(OSError):
-            os.write(status_fd, b"E" + f"{type(e).__name__}: {e}".encode()[:4000] + b"\n")
+            write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
         os._exit(SETUP_FAILED_EXIT)
+    collect: list[str] = spec.get("collect") or []
+    if collect:
+        # Stay as a trusted pid 1: fork the program, report its status and collect its files
+        # (inside the jail, as the slot user, so the files cannot point at anything of the host).
+        pid = os.fork()
+        if pid == 0:
+            os.close(status_fd)
+            _become_program(stdin_fd, out_fd, err_fd, chan_fd, spec)
+        for fd in (stdin_fd, out_fd, err_fd, chan_fd):
+            os.close(fd)
+        _supervise_and_collect(pid, status_fd, collect, int(spec.get("collect_max", 1 << 20)))
+    os.close(status_fd)
+    _become_program(stdin_fd, out_fd, err_fd, chan_fd, spec)
+
+
+def _become_program(stdin_fd: int, out_fd: int, err_fd: int, chan_fd: int,
+                    spec: dict[str, Any]) -> None:
     # Standard streams: stdin is a sealed memfd, out/err and the result channel are pipes.
     os.dup2(stdin_fd, 0)
     os.dup2(out_fd, 1)
@@ -589,19 +586,74 @@ def serve_one(z: Zygote, ctl: socket.socket) -> None:
     os.dup2(chan_fd, 3)
     os.set_inheritable(3, True)
     os.closerange(4, 1 << 20)  # drops the zygote's sockets, the status pipe and every other fd
-    env = msg["env"]
-    spec = msg["exec"]
-    if spec["mode"] == "exec":
-        argv = spec["argv"]
-        os.execve(argv[0], argv, env)
-    run_python(spec["path"], spec["argv"], env)
+    env = spec["env"]
+    run = spec["exec"]
+    if run["mode"] == "exec":
+        argv = run["argv"]
+        try:
+            os.execve(argv[0], argv, env)
+        except OSError as e:  # e.g. a compiled program that is not executable
+            os.write(2, f"cannot execute {argv[0]}: {e.strerror}\n".encode())
+            os._exit(126)
+    run_python(run["path"], run["argv"], env)
+
+
+def _supervise_and_collect(pid: int, status_fd: int, collect: list[str], cap: int) -> None:
+    """pid 1's loop: wait for the program (reaping orphans), then report status and files."""
+    while True:
+        try:
+            got, status, ru = os.wait4(-1, 0)
+        except ChildProcessError:
+            os._exit(SETUP_FAILED_EXIT)
+        except InterruptedError:
+            continue
+        if got == pid:
+            break
+    rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
+    write_record(status_fd, b"P", json.dumps(rec).encode())
+    for name in collect:
+        data = _read_collected(name, cap)
+        if data is not None:
+            raw = name.encode()
+            write_record(status_fd, b"F", struct.pack("<H", len(raw)) + raw + data)
+    os._exit(0)
+
+
+def _read_collected(name: str, cap: int) -> bytes | None:
+    import stat
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], cap
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks: list[bytes] = []
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
 
 
 def _write_files(files_fd: int) -> None:
     """Create the request's files, as the slot user, inside the already-pivoted work dir."""
-    with os.fdopen(files_fd, "rb", closefd=False) as f:
-        f.seek(0)
-        data = f.read()
+    data = _read_fd(files_fd)
     pos = 0
     while pos < len(data):
         nlen, dlen, mode = struct.unpack_from("<IQH", data, pos)
@@ -619,6 +671,7 @@ def _write_files(files_fd: int) -> None:
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
+            os.fchmod(fd, mode)
         finally:
             os.close(fd)
 
@@ -709,12 +762,24 @@ def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:  # type: ign
     return json.loads(data), list(fds)
 
 
+def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, anc, _flags, _addr = sock.recvmsg(4096, socket.CMSG_SPACE(16 * fds.itemsize))
+    for level, typ, cdata in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+    return data, list(fds)
+
+
 def main() -> None:
-    config = json.loads(sys.argv[1])
-    sock = socket.socket(fileno=int(sys.argv[2]))
+    # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
+    config = json.loads(sys.stdin.buffer.read())
+    sock = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
+    # Freeze the warm heap: a child's garbage collections then never touch (and copy) it.
+    gc.freeze()
     z = Zygote(config)
     try:
         z.setup()
