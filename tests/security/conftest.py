@@ -7,7 +7,7 @@ Every attack runs through the real sandbox (``SandboxPool``, full isolation). Ar
   other live pool uses, so concurrent test runs on the host cannot blur this);
 * host mounts unchanged (``/proc/self/mountinfo`` and ``/proc/mounts``), the zygotes' own mount
   tables back to their baseline (no extra work dir or tmpfs left mounted), and the slot's
-  reusable work dir wiped empty;
+  no work dir left in the zygote (one-shot runs get a tmpfs that dies with them);
 * under ``/sys/fs/cgroup/*/sandloop`` only this pool's slot groups among those created by this
   process, no group of a dead pool (groups of other live pools on the host are tolerated), and
   each slot group holding only its zygote and at most its prepared, still-root next child;
@@ -161,9 +161,9 @@ def host_audit(sandbox: PoolInfo, host_world: HostWorld) -> Iterator[None]:
     for s in sandbox.pool._slots:
         # The zygote wipes the reusable work dir right after it reaps the run, which can be
         # a moment after the result came back: give it a second.
-        left_files = leftover_work_files(s.zygote_pid, str(s.base), wait_s=1.0)
+        left_files = leftover_work_files(s.works_root, wait_s=1.0)
         if left_files:
-            problems.append(f"slot {s.index} work dir not wiped after the run: {left_files}")
+            problems.append(f"slot {s.index} keeps work dirs after the run: {left_files}")
         if s.broken or s.proc is None or s.zygote_pid != sandbox.zygotes[s.index]:
             problems.append(f"slot {s.index} was broken or restarted by the attack")
     ours = {s.name for s in sandbox.pool._slots}

@@ -154,17 +154,17 @@ def mount_table(pid: str = "self") -> list[str]:
     return sorted(rows)
 
 
-def leftover_work_files(zygote: int, base: str, wait_s: float = 0.0) -> dict[str, list[str]]:
-    """Entries still inside the slot's work dirs, seen through the zygote's mount namespace."""
+def leftover_work_files(works: str, wait_s: float = 0.0) -> dict[str, list[str]]:
+    """Work dirs (and their entries) still held by a slot's zygote, seen from the host.
+
+    One-shot runs get a fresh tmpfs that dies with them, so none may remain; only sessions
+    keep work dirs there."""
     deadline = time.monotonic() + wait_s
     while True:
         found: dict[str, list[str]] = {}
-        works = f"/proc/{zygote}/root{base}/work"
         try:
             for work in os.listdir(works):
-                entries = os.listdir(os.path.join(works, work))
-                if entries:
-                    found[work] = sorted(entries)[:10]
+                found[work] = sorted(os.listdir(os.path.join(works, work)))[:10]
         except OSError as e:
             found["?"] = [f"cannot inspect: {e}"]
         if not found or time.monotonic() > deadline:

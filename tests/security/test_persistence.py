@@ -428,7 +428,7 @@ print("depth", n)
         nxt = await pool.run(Program(source="print('next')"), limits())
         assert nxt.status is Status.OK  # the pool hides the restart from the next program
         assert procs_of_uids(uids) == []
-        assert leftover_work_files(slot.zygote_pid, str(slot.base), wait_s=1.0) == {}
+        assert leftover_work_files(slot.works_root, wait_s=1.0) == {}
         # The defence that should hold: the fork-server survives its own cleanup.
         assert slot.zygote_pid == zygote and slot.proc is not None and slot.proc.poll() is None
 

@@ -84,7 +84,8 @@ IFF_UP = 0x1
 SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
-SETUP_FAILED_EXIT = 125  # exit code of a child whose isolation setup failed (reported as "E")
+SETUP_FAILED_EXIT = 125
+PRIVATE = "/.zygote"  # the zygote's own area inside the sandbox root (see Zygote.setup)  # exit code of a child whose isolation setup failed (reported as "E")
 WORK_DIR = "/sandbox"
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -190,8 +191,8 @@ class Zygote:
         self.binds: list[str] = config["binds"]
         self.symlinks: dict[str, str] = config["symlinks"]
         self.cgroups: list[str] = config["cgroups"]
-        self.root = os.path.join(self.base, "root")
-        self.works = os.path.join(self.base, "work")
+        self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
+        self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
         self.status_fds: dict[int, int] = {}
         self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
         self.spare: Spare | None = None
@@ -215,11 +216,25 @@ class Zygote:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         mount("tmpfs", self.base, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0700")
         os.mkdir(self.root, 0o755)
-        os.mkdir(self.works, 0o700)
         mount("tmpfs", self.root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
         self._build_root()
+        # The zygote's private area inside the new root: session work dirs and a host-pid /proc
+        # (to hand children's namespaces to the supervisor). Children detach it at once.
+        private = self.root + PRIVATE
+        os.mkdir(private, 0o700)
+        mount("tmpfs", private, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
+        os.mkdir(private + "/work", 0o700)
+        os.mkdir(private + "/proc", 0o555)
+        mount("proc", private + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         # The runtime and the skeleton are read-only for every run.
         mount(None, self.root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        # Live in that root: a child's copy of this mount namespace is then a dozen mounts, not
+        # every mount of the host, and it needs no pivot of its own (clone and exit got cheaper).
+        os.chdir(self.root)
+        pivot_root(".", ".")
+        umount(".", MNT_DETACH)
+        os.chdir("/")
+        self.root = "/"
 
     def _build_root(self) -> None:
         r = self.root
@@ -405,7 +420,7 @@ class Zygote:
         child_end.close()
         mntns: int | None
         try:
-            mntns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            mntns = os.open(f"{PRIVATE}/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             mntns = None
         return Spare(pid, parent_end, key, mntns)
@@ -491,26 +506,21 @@ def write_record(fd: int, kind: bytes, payload: bytes) -> None:
 def prepare_child(z: Zygote, key: SpareKey) -> None:
     """Isolate this fresh child before it knows what it will run."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle child dies with the zygote
-    # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
     work, opts = key
-    r = z.root
     # /sandbox: a fresh tmpfs that no earlier run touched (or a session's own work dir);
     # /tmp: a fresh bounded tmpfs; /proc: this pid namespace only.
     if work:
-        mount(z.work_path(work), r + WORK_DIR, None, MS_BIND)
+        mount(z.work_path(work), WORK_DIR, None, MS_BIND)
     else:
-        mount("tmpfs", r + WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+        mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
               f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
-    mount("tmpfs", r + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=1777")
-    mount("proc", r + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the
-    # minimal tree, so no host path is reachable even by name.
-    os.chdir(r)
-    pivot_root(".", ".")
-    umount(".", MNT_DETACH)
-    os.chdir("/")
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=1777")
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+    # The zygote's private area (other sessions' work dirs, the host's /proc) goes away.
+    umount(PRIVATE, MNT_DETACH)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
     # Drop every capability from the bounding set now; ids, no_new_privs and seccomp follow
