@@ -103,9 +103,12 @@ class SlotCgroup:
             _write(path, value)
             self._set[path] = value
 
-    def pids(self) -> list[int]:
+    def pids(self, *, all_controllers: bool = False) -> list[int]:
+        """Processes in the group. Every process of a slot is in all of its controllers'
+        groups, so one read suffices; the sweep at removal reads them all."""
+        dirs = list(dict.fromkeys(self.dirs.values()))
         seen: set[int] = set()
-        for d in dict.fromkeys(self.dirs.values()):
+        for d in dirs if all_controllers else dirs[:1]:
             with contextlib.suppress(FileNotFoundError):
                 seen.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
         return sorted(seen)
@@ -122,7 +125,7 @@ class SlotCgroup:
         return self.backend.kill_all(self, exclude, timeout_s)
 
     def remove(self) -> None:
-        if self.pids() and not self.kill_all(None):
+        if self.pids(all_controllers=True) and not self.kill_all(None):
             raise CgroupError(f"cgroup {self.name} still has processes {self.pids()}")
         for d in dict.fromkeys(self.dirs.values()):
             for _ in range(100):
@@ -209,9 +212,8 @@ class CgroupV1(CgroupBackend):
         if "cpu" in cg.dirs:
             cg._set_once(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
                          str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
-        _write(f"{mem}/memory.max_usage_in_bytes", "0")
-        if self.has_memsw:
-            _write(f"{mem}/memory.memsw.max_usage_in_bytes", "0")
+        _write(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
+               else f"{mem}/memory.max_usage_in_bytes", "0")
         return RunBaseline(
             memory_bytes=usage,
             cpu_ns=int(_read(f"{cg.dirs['cpuacct']}/cpuacct.usage")),
