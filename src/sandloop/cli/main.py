@@ -245,7 +245,7 @@ def demo() -> None:
     from sandloop.cli.score import demo_completions_path, score_command
 
     raise typer.Exit(score_command("humaneval", demo_completions_path(), no_db=True,
-                                   progress=sys.stderr.isatty()))
+                                   progress=sys.stderr.isatty(), by_kind=True))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -83,6 +83,7 @@ def score_command(
     no_isolation: bool = False,
     as_json: bool = False,
     progress: bool = True,
+    by_kind: bool = False,
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -148,4 +149,22 @@ def score_command(
         print(json.dumps(data))
     else:
         _print_summary(console, summary, elapsed, cached)
+        if by_kind:
+            _print_by_kind(console, results)
     return 1 if summary.null_rewards else 0
+
+
+def _print_by_kind(console: Console, results: Sequence[CompletionResult]) -> None:
+    """Mean reward per kind of completion (the part of completion_id before ':')."""
+    groups: dict[str, list[CompletionResult]] = {}
+    for r in results:
+        groups.setdefault(str(r.completion_id).split(":", 1)[0], []).append(r)
+    table = Table(title="reward by kind of completion")
+    for col in ("kind", "completions", "reward 1", "reward 0", "null", "mean reward"):
+        table.add_column(col)
+    for kind, rs in sorted(groups.items()):
+        rewards = [r.reward for r in rs if r.reward is not None]
+        table.add_row(kind, str(len(rs)), str(sum(1 for x in rewards if x == 1.0)),
+                      str(sum(1 for x in rewards if x == 0.0)), str(len(rs) - len(rewards)),
+                      f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
+    console.print(table)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import secrets
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from sandloop.sandbox import cgroups, host
-from sandloop.sandbox.languages import LanguageUnavailable, sandbox_env, spec_for
+from sandloop.sandbox.languages import LanguageUnavailable, Step, sandbox_env, spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
@@ -28,6 +30,7 @@ from sandloop.sandbox.slot import (
 from sandloop.sandbox.unisolated import run_unisolated
 
 ISOLATION_LEVELS = ("full", "none")
+_TOUCH = Step("exec", ("/bin/true",))  # a no-op program: files are written, or collected, around it
 DEFAULT_UID_BASE = 61000
 
 
@@ -58,6 +61,57 @@ def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
         workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
         open_files=limits.open_files,
     )
+
+
+class _SlotHandout:
+    """Hands free slots to waiters in FIFO order, with a separate queue per slot for runs that
+    must go to one slot (workspaces live in one slot's zygote). O(1) per hand-out, so a batch
+    of 100,000 waiting runs costs no more per run than a batch of ten."""
+
+    def __init__(self, slots: list[Slot]) -> None:
+        self.free: list[Slot] = list(slots)
+        self.any_waiters: collections.deque[asyncio.Future[Slot]] = collections.deque()
+        self.slot_waiters: dict[int, collections.deque[asyncio.Future[Slot]]] = {
+            s.index: collections.deque() for s in slots}
+
+    async def acquire(self, want: Slot | None = None) -> Slot:
+        if want is None and self.free:
+            return self.free.pop()
+        if want is not None and want in self.free:
+            self.free.remove(want)
+            return want
+        fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        (self.any_waiters if want is None else self.slot_waiters[want.index]).append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed over just as we were cancelled
+                self.release(fut.result())
+            raise
+
+    def release(self, slot: Slot) -> None:
+        for queue in (self.slot_waiters[slot.index], self.any_waiters):
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(slot)
+                    return
+        self.free.append(slot)
+
+
+@dataclass
+class Workspace:
+    """A persistent work dir in one slot (a session's files); see ``SandboxPool.open_workspace``."""
+
+    id: str
+    slot: int
+    limits: Limits
+    closed: bool = False
+    generation: int = 0  # the slot's zygote generation it lives in
+
+
+class WorkspaceLost(RuntimeError):
+    """The workspace's slot was restarted (its zygote died), taking the workspace's files."""
 
 
 class SandboxPool:
@@ -96,7 +150,7 @@ class SandboxPool:
         self.report: host.HostReport | None = None
         self._unavailable: str | None = None
         self._slots: list[Slot] = []
-        self._free: asyncio.Queue[Slot] | None = None
+        self._free: _SlotHandout | None = None
         self._config: SlotConfig | None = None
         self._started = False
         self._unisolated_sem: asyncio.Semaphore | None = None
@@ -124,7 +178,6 @@ class SandboxPool:
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id,
         )
-        self._free = asyncio.Queue()
         self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config)
                        for i in range(self.size)]
         results = await asyncio.gather(*(s.start() for s in self._slots), return_exceptions=True)
@@ -132,8 +185,7 @@ class SandboxPool:
         if errors:
             await self.close()
             raise IsolationUnavailable(f"cannot start sandbox slots: {errors[0]}")
-        for s in self._slots:
-            self._free.put_nowait(s)
+        self._free = _SlotHandout(self._slots)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._slots), return_exceptions=True)
@@ -198,10 +250,11 @@ class SandboxPool:
             per = [limits or Limits()] * len(programs)
         return list(await asyncio.gather(*(self.run(p, lim) for p, lim in zip(programs, per, strict=True))))
 
-    async def _acquire(self) -> Slot:
+    async def _acquire(self, want: Slot | None = None) -> Slot:
         assert self._free is not None
-        slot = await self._free.get()
-        if slot.broken or slot.runs >= self.max_runs_per_slot:
+        slot = await self._free.acquire(want)
+        # Recycle a broken slot, or a worn one that holds no workspace (a restart loses them).
+        if slot.broken or (slot.runs >= self.max_runs_per_slot and not slot.workspaces):
             await slot.close()
             try:
                 await slot.start()
@@ -225,9 +278,100 @@ class SandboxPool:
             slot.broken = True
             raise
         finally:
-            self._free.put_nowait(slot)
+            self._free.release(slot)
 
-    async def _run_on(self, slot: Slot, program: Program, limits: Limits) -> ExecResult:
+    # -- workspaces (persistent work dirs for multi-turn sessions) -----------------------------
+    async def open_workspace(self, limits: Limits | None = None) -> Workspace:
+        """A work dir that keeps its files between runs, in the slot with fewest workspaces.
+
+        Idle, it costs only its files (a tmpfs in that slot's zygote); runs in it wait for that
+        slot. Size and inode limits are fixed at creation (``limits.workdir_mb/_inodes``).
+        """
+        if not self._started:
+            await self.start()
+        if self.isolation == "none":
+            raise IsolationUnavailable("workspaces need full isolation (isolation='full')")
+        if self._unavailable is not None:
+            raise IsolationUnavailable(self._unavailable)
+        limits = limits or Limits()
+        slot = min(self._slots, key=lambda s: len(s.workspaces))
+        ws = Workspace(slot.new_work_id(), slot.index, limits, generation=slot.generation)
+        slot.workspaces.add(ws.id)
+        result = await self._in_workspace(ws, _TOUCH, limits, files={}, collect=())
+        if result.status is not Status.OK:
+            slot.workspaces.discard(ws.id)
+            raise WorkspaceLost(f"cannot create the workspace: {result.error or result.status}")
+        return ws
+
+    async def run_in(self, ws: Workspace, program: Program, limits: Limits | None = None) -> ExecResult:
+        """Run ``program`` with ``/sandbox`` = the workspace; its files persist afterwards."""
+        limits = (limits or Limits()).model_copy(
+            update={"workdir_mb": ws.limits.workdir_mb, "workdir_inodes": ws.limits.workdir_inodes})
+        slot = self._slot_of(ws)
+        acquired = await self._acquire(slot)
+        try:
+            self._check_alive(ws, acquired)
+            return await self._run_on(acquired, program, limits, work=ws.id)
+        finally:
+            self._free.release(acquired)  # type: ignore[union-attr]
+
+    async def write_files(self, ws: Workspace, files: dict[str, str | bytes]) -> None:
+        """Create or replace files in the workspace (written inside the jail, as its user)."""
+        packed = {name: _as_bytes(data) for name, data in files.items()}
+        r = await self._in_workspace(ws, _TOUCH, ws.limits, files=packed, collect=())
+        if r.status is not Status.OK:
+            raise OSError(f"cannot write files into the workspace: {r.error or r.stderr.strip()}")
+
+    async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
+                         ) -> dict[str, bytes]:
+        """Regular files of the workspace (missing ones, symlinks and specials are left out)."""
+        lim = ws.limits.model_copy(update={"stdout_bytes": max_bytes})
+        r = await self._in_workspace(ws, _TOUCH, lim, files={}, collect=tuple(paths))
+        if r.status is not Status.OK:
+            raise OSError(f"cannot read the workspace: {r.error or r.stderr.strip()}")
+        return dict(r.files)
+
+    async def close_workspace(self, ws: Workspace) -> None:
+        """Delete the workspace and its files."""
+        if ws.closed:
+            return
+        ws.closed = True
+        slot = self._slots[ws.slot]
+        acquired = await self._acquire(slot)
+        try:
+            if ws.id in acquired.workspaces and ws.generation == acquired.generation:
+                with contextlib.suppress(SlotBroken):
+                    await acquired.remove_work(ws.id)
+            acquired.workspaces.discard(ws.id)
+        finally:
+            self._free.release(acquired)  # type: ignore[union-attr]
+
+    def _slot_of(self, ws: Workspace) -> Slot:
+        if ws.closed:
+            raise WorkspaceLost(f"workspace {ws.id} is closed")
+        return self._slots[ws.slot]
+
+    @staticmethod
+    def _check_alive(ws: Workspace, slot: Slot) -> None:
+        if slot.broken or slot.generation != ws.generation or ws.id not in slot.workspaces:
+            raise WorkspaceLost(f"workspace {ws.id} was lost: its sandbox slot restarted")
+
+    async def _in_workspace(self, ws: Workspace, step: Step, limits: Limits, *,
+                            files: dict[str, bytes], collect: tuple[str, ...]) -> ExecResult:
+        slot = self._slot_of(ws)
+        acquired = await self._acquire(slot)
+        try:
+            self._check_alive(ws, acquired)
+            o = await acquired.execute(
+                step, _step_limits(limits, compile_step=False), stdin=b"",
+                files=pack_files(files), env=sandbox_env("bash"), work=ws.id, collect=collect,
+                collect_max=limits.stdout_bytes)
+            return classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
+        finally:
+            self._free.release(acquired)  # type: ignore[union-attr]
+
+    async def _run_on(self, slot: Slot, program: Program, limits: Limits,
+                      work: str | None = None) -> ExecResult:
         spec = spec_for(program.language, tuple(program.argv))
         files = {name: _as_bytes(v) for name, v in program.files.items()}
         files[spec.main_file] = program.source.encode()
@@ -260,7 +404,7 @@ class SandboxPool:
         o: StepOutcome = await slot.execute(
             spec.run, _step_limits(limits, compile_step=False),
             stdin=_as_bytes(program.stdin), files=pack_files(files, executable), env=env,
-            collect=tuple(program.collect), collect_max=limits.stdout_bytes,
+            work=work, collect=tuple(program.collect), collect_max=limits.stdout_bytes,
         )
         result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
         if compile_result is not None:

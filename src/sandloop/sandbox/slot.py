@@ -154,6 +154,8 @@ class Slot:
         self.broken = False
         self.cg: SlotCgroup | None = None
         self._held_ns: list[int] = []
+        self.workspaces: set[str] = set()  # persistent work dirs living in this zygote
+        self.generation = 0  # bumped at every (re)start: workspaces do not survive one
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,6 +189,8 @@ class Slot:
             child.close()
         parent.setblocking(False)
         self.sock = parent
+        self.generation += 1
+        self.workspaces.clear()
         hello = await self._recv(timeout=30.0)
         if not hello.get("ok"):
             await self.close()

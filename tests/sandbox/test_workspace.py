@@ -1,0 +1,89 @@
+"""Workspaces: persistent work dirs for multi-turn sessions, bound to one slot."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from sandloop import Limits, Program, SandboxPool, Status
+from sandloop.sandbox.pool import WorkspaceLost
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def test_files_and_state_persist_between_runs(pool: SandboxPool) -> None:
+    ws = await pool.open_workspace(Limits(workdir_mb=8))
+    try:
+        await pool.write_files(ws, {"sol.py": "def f(x):\n    return 2 * x\n", "d/data.txt": "21"})
+        r = await pool.run_in(ws, Program(language="bash", source="python3 -c 'import sol; print(sol.f(int(open(\"d/data.txt\").read())))' > out.txt; cat out.txt"))
+        assert r.status is Status.OK, (r.stderr, r.error)
+        assert r.stdout == "42\n"
+        r = await pool.run_in(ws, Program(source="import os\nprint(sorted(os.listdir('.')))"))
+        assert "out.txt" in r.stdout and "sol.py" in r.stdout
+        got = await pool.read_files(ws, ["out.txt", "missing", "d/data.txt"])
+        assert got == {"out.txt": b"42\n", "d/data.txt": b"21"}
+    finally:
+        await pool.close_workspace(ws)
+    with pytest.raises(WorkspaceLost):
+        await pool.run_in(ws, Program(source="pass"))
+
+
+async def test_workspaces_are_isolated_from_each_other_and_from_plain_runs(pool: SandboxPool) -> None:
+    a, b = await pool.open_workspace(), await pool.open_workspace()
+    try:
+        await pool.write_files(a, {"secret.txt": "only-a"})
+        r = await pool.run_in(b, Program(source="import os\nprint(os.listdir('.'))"))
+        assert "secret" not in r.stdout
+        r = await pool.run(Program(source="import os\nprint(os.listdir('.'), os.path.exists('/.zygote/work'))"))
+        assert "secret" not in r.stdout and r.stdout.endswith("False\n")
+    finally:
+        await pool.close_workspace(a)
+        await pool.close_workspace(b)
+
+
+async def test_workspace_symlink_is_not_followed_on_read(pool: SandboxPool) -> None:
+    ws = await pool.open_workspace()
+    try:
+        await pool.run_in(ws, Program(language="bash", source="ln -s /etc/passwd link; ln -s /proc/1/environ env"))
+        assert await pool.read_files(ws, ["link", "env"]) == {}
+    finally:
+        await pool.close_workspace(ws)
+
+
+async def test_workspace_size_limit_holds(pool: SandboxPool) -> None:
+    ws = await pool.open_workspace(Limits(workdir_mb=2))
+    try:
+        r = await pool.run_in(ws, Program(source="open('big', 'wb').write(b'x' * (8 << 20))"))
+        assert r.status is Status.RUNTIME_ERROR
+    finally:
+        await pool.close_workspace(ws)
+
+
+async def test_many_idle_workspaces_and_plain_runs_interleave(pool: SandboxPool) -> None:
+    spaces = [await pool.open_workspace(Limits(workdir_mb=1, workdir_inodes=64)) for _ in range(20)]
+    try:
+        await asyncio.gather(*(pool.write_files(ws, {"n": str(i)}) for i, ws in enumerate(spaces)))
+        results = await asyncio.gather(
+            *(pool.run_in(ws, Program(language="bash", source="cat n")) for ws in spaces),
+            *(pool.run(Program(source="print('plain')")) for _ in range(10)))
+        assert [r.stdout for r in results[:20]] == [str(i) for i in range(20)]
+        assert all(r.stdout == "plain\n" for r in results[20:])
+    finally:
+        for ws in spaces:
+            await pool.close_workspace(ws)
+
+
+async def test_slot_restart_loses_workspace_with_clear_error_injected() -> None:
+    # Fault injection: kill the zygote that holds the workspace.
+    async with SandboxPool(1) as pool:
+        ws = await pool.open_workspace()
+        await pool.write_files(ws, {"a": "1"})
+        slot = pool._slots[ws.slot]
+        assert slot.proc is not None
+        os.kill(slot.proc.pid, 9)
+        slot.proc.wait()
+        assert (await pool.run(Program(source="print(1)"))).stdout == "1\n"  # slot replaced
+        with pytest.raises(WorkspaceLost, match="restarted"):
+            await pool.run_in(ws, Program(source="pass"))
