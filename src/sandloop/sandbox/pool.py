@@ -69,14 +69,15 @@ class _SlotHandout:
     of 100,000 waiting runs costs no more per run than a batch of ten."""
 
     def __init__(self, slots: list[Slot]) -> None:
-        self.free: list[Slot] = list(slots)
+        # FIFO: sequential runs rotate over the slots (prepared children stay warm everywhere).
+        self.free: collections.deque[Slot] = collections.deque(slots)
         self.any_waiters: collections.deque[asyncio.Future[Slot]] = collections.deque()
         self.slot_waiters: dict[int, collections.deque[asyncio.Future[Slot]]] = {
             s.index: collections.deque() for s in slots}
 
     async def acquire(self, want: Slot | None = None) -> Slot:
         if want is None and self.free:
-            return self.free.pop()
+            return self.free.popleft()
         if want is not None and want in self.free:
             self.free.remove(want)
             return want
