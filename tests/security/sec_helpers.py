@@ -10,6 +10,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from sandloop.sandbox.pool import SandboxPool
 # the audit's uids are ours alone even when other test runs share the machine.
 SLOTS = 2
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "SBXMARK"  # every file an attack tries to leave on the host carries this in its name
 
 # -- host-side listeners ---------------------------------------------------------------------
@@ -210,7 +212,7 @@ def host_markers() -> list[str]:
     """Files named with MARKER that an attack managed to create where the host can see them."""
     hits = []
     for d in ("/", "/tmp", "/var/tmp", "/dev/shm", "/etc", "/usr", "/usr/bin", "/usr/local/bin",
-              "/root", "/run", "/work/main", "/work/main/.venv"):
+              "/root", "/run", str(REPO), str(REPO / ".venv"), sys.prefix):
         with contextlib.suppress(OSError):
             hits.extend(os.path.join(d, n) for n in os.listdir(d) if MARKER in n)
     return hits

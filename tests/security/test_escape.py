@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -32,7 +33,10 @@ from sec_helpers import (
     tcp_listener,
 )
 
+from sandloop.sandbox.host import runtime_binds
 from sandloop.sandbox.models import Program, Status
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -61,9 +65,9 @@ except OSError as e:
         "/root/.npmrc",
         "/root/.bashrc",
         "/root/.gitconfig",
-        "/work/main/pyproject.toml",
-        "/work/main/src/sandloop/sandbox/pool.py",
-        "/work/shared/DESIGN.md",
+        str(REPO / "pyproject.toml"),
+        str(REPO / "src/sandloop/sandbox/pool.py"),
+        str(REPO.parent / "shared/DESIGN.md"),
         "/proc/1/root/etc/shadow",
         "/proc/1/environ",
         "SENTINEL",
@@ -84,10 +88,9 @@ async def test_read_sentinel_works_unisolated(sandbox: PoolInfo, host_world: Hos
 
 
 LIST_DIRS = """
-import json, os
+import json, os, sys
 out = {}
-for d in ("/", "/root", "/home", "/work", "/work/main", "/etc", "/var", "/run", "/mnt", "/opt",
-          "/srv", "/boot", "/var/tmp", "/dev"):
+for d in json.load(sys.stdin):
     try:
         out[d] = sorted(os.listdir(d))
     except OSError as e:
@@ -100,21 +103,43 @@ print(json.dumps(out))
 """
 
 
+def _visible_tree(binds: tuple[str, ...]) -> dict[str, set[str]]:
+    """What each directory on the way to a runtime bind may show: only the next component."""
+    tree: dict[str, set[str]] = {}
+    for b in binds:
+        parts = Path(b).parts[1:]
+        for i in range(len(parts)):
+            parent = "/" + "/".join(parts[:i]) if i else "/"
+            tree.setdefault(parent, set()).add(parts[i])
+    return tree
+
+
 async def test_host_directories_invisible(sandbox: PoolInfo) -> None:
-    seen = report(await attack(sandbox.pool, LIST_DIRS))
-    allowed_root = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "tmp",
-                    "sandbox", "dev", "proc", "root", "work",
-                    ".zygote"}  # the zygote's private area: an empty, root-only mount point
+    binds, symlinks = runtime_binds(sys.executable)
+    tree = _visible_tree(binds)
+    # Directories leading to a bound runtime prefix (e.g. a venv under the repo) show only the
+    # path to it; everything else of the host does not exist at all.
+    probe = sorted({*tree, "/root", "/home", "/etc", "/var", "/run", "/mnt", "/opt", "/srv",
+                    "/boot", "/var/tmp", "/dev", str(REPO), str(REPO.parent)})
+    seen = report(await attack(sandbox.pool, LIST_DIRS, stdin=json.dumps(probe)))
+    allowed_root = {"usr", "etc", "tmp", "sandbox", "dev", "proc",
+                    ".zygote",  # the zygote's private area: an empty, root-only mount point
+                    *(Path(x).parts[1] for x in (*binds, *symlinks))}
     assert set(seen["/"]) <= allowed_root, seen["/"]
-    # Only the runtime's own prefixes: the Python under /root/.pyenv and the venv of the repo.
-    assert set(seen["/root"]) <= {".pyenv"}, seen["/root"]
-    assert set(seen["/work"]) <= {"main"}, seen["/work"]
-    assert set(seen["/work/main"]) <= {".venv"}, seen["/work/main"]
+    for d, allowed in tree.items():
+        if d in ("/", "/etc"):
+            continue
+        assert set(seen[d]) <= allowed, (d, seen[d])
     assert set(seen["/etc"]) <= {"passwd", "group", "hosts", "alternatives", "ld.so.cache",
                                  "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf",
                                  "ssl"}, seen["/etc"]
-    for d in ("/home", "/var", "/run", "/mnt", "/opt", "/srv", "/boot", "/var/tmp"):
-        assert seen[d] == errno.ENOENT, (d, seen[d])
+    bound = {d for b in binds for d in (b, *map(str, Path(b).parents))}
+    for d in ("/home", "/var", "/run", "/mnt", "/opt", "/srv", "/boot", "/var/tmp",
+              str(REPO), str(REPO.parent)):
+        if d not in bound:
+            assert seen[d] == errno.ENOENT, (d, seen[d])
+        else:  # the repo holds the venv: only that is visible
+            assert set(seen[d]) <= tree.get(d, set()), (d, seen[d])
     assert set(seen["/dev"]) <= {"null", "zero", "full", "random", "urandom", "fd", "stdin",
                                  "stdout", "stderr", "shm"}, seen["/dev"]
     host_users = {ln.split(":")[0] for ln in Path("/etc/passwd").read_text().splitlines() if ln}
@@ -124,8 +149,9 @@ async def test_host_directories_invisible(sandbox: PoolInfo) -> None:
 
 
 async def test_host_directories_visible_unisolated(sandbox: PoolInfo) -> None:
-    seen = report(await attack(sandbox.unisolated, LIST_DIRS))
-    assert ".bashrc" in seen["/root"] and "pyproject.toml" in seen["/work/main"]
+    seen = report(await attack(sandbox.unisolated, LIST_DIRS,
+                               stdin=json.dumps(["/root", str(REPO)])))
+    assert ".bashrc" in seen["/root"] and "pyproject.toml" in seen[str(REPO)]
 
 
 async def test_compile_time_include_of_host_file(sandbox: PoolInfo, host_world: HostWorld) -> None:
@@ -148,8 +174,8 @@ async def test_compile_time_include_of_host_file(sandbox: PoolInfo, host_world: 
 WRITE_OUTSIDE = f"""
 import json, os, sys, sysconfig
 paths = ["/{MARKER}", "/etc/{MARKER}", "/usr/{MARKER}", "/usr/bin/{MARKER}",
-         "/usr/local/bin/{MARKER}", "/root/{MARKER}", "/work/main/.venv/{MARKER}",
-         "/work/{MARKER}", "/dev/{MARKER}", "/proc/{MARKER}", "/lib/{MARKER}",
+         "/usr/local/bin/{MARKER}", "/root/{MARKER}", sys.prefix + "/{MARKER}",
+         os.path.dirname(sys.prefix) + "/{MARKER}", "/dev/{MARKER}", "/proc/{MARKER}", "/lib/{MARKER}",
          os.path.join(sysconfig.get_paths()["purelib"], "{MARKER}.pth"),
          os.path.join(os.path.dirname(os.__file__), "{MARKER}.py")]
 out = {{}}
