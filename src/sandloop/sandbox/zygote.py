@@ -197,6 +197,7 @@ class Zygote:
         self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
         self.spare: Spare | None = None
         self.last_key: SpareKey | None = None
+        self.tmp_binds: list[tuple[str, str]] = []  # (kept copy, path under /tmp)
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -226,6 +227,14 @@ class Zygote:
         os.mkdir(private + "/work", 0o700)
         os.mkdir(private + "/proc", 0o555)
         mount("proc", private + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        # A runtime under /tmp (a venv in a checkout there) would vanish under each run's fresh
+        # /tmp: keep a second binding here, which children re-attach over their /tmp.
+        for i, src in enumerate(b for b in self.binds if b.startswith("/tmp/")):
+            keep = f"{private}/rt{i}"
+            os.mkdir(keep, 0o755)
+            mount(src, keep, None, MS_BIND | MS_REC)
+            mount(None, keep, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            self.tmp_binds.append((f"{PRIVATE}/rt{i}", src))
         # The runtime and the skeleton are read-only for every run.
         mount(None, self.root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         # Live in that root: a child's copy of this mount namespace is then a dozen mounts, not
@@ -515,6 +524,10 @@ def prepare_child(z: Zygote, key: SpareKey) -> None:
         mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
               f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=1777")
+    for kept, path in z.tmp_binds:  # root-owned directories in a sticky /tmp: not removable
+        os.makedirs(path, 0o755, exist_ok=True)
+        mount(kept, path, None, MS_BIND | MS_REC)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
     with open("/proc/self/oom_score_adj", "w") as f:

@@ -1,0 +1,50 @@
+"""The engine layer: scheduling many sandbox runs, and multi-turn sessions (see docs/engine.md)."""
+
+from sandloop.engine.backends import Backend, LocalBackend
+from sandloop.engine.engine import PRIORITIES, ClientPolicy, Engine, EngineStats, JobHandle
+from sandloop.engine.errors import (
+    DeadlineExceeded,
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    QueueFull,
+    RateLimited,
+    ResourceTooLarge,
+    SessionClosed,
+    SessionExpired,
+    SessionLimit,
+    SessionLost,
+)
+from sandloop.engine.journal import Journal, JournalError, job_key
+from sandloop.engine.repeat import RepeatedResult, aggregate
+from sandloop.engine.session import Session
+from sandloop.engine.sync import SyncEngine, SyncSession
+
+__all__ = [
+    "PRIORITIES",
+    "Backend",
+    "ClientPolicy",
+    "DeadlineExceeded",
+    "Engine",
+    "EngineClosed",
+    "EngineError",
+    "EngineOverloaded",
+    "EngineStats",
+    "JobHandle",
+    "Journal",
+    "JournalError",
+    "LocalBackend",
+    "QueueFull",
+    "RateLimited",
+    "RepeatedResult",
+    "ResourceTooLarge",
+    "Session",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionLimit",
+    "SessionLost",
+    "SyncEngine",
+    "SyncSession",
+    "aggregate",
+    "job_key",
+]

@@ -1,0 +1,91 @@
+"""Where the engine's jobs run: the backend protocol and the local slot-pool backend.
+
+The engine schedules; a backend executes. ``LocalBackend`` wraps one ``SandboxPool`` on this
+machine. A cluster backend (one pool per node, e.g. Ray actors) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
+
+__all__ = ["Backend", "LocalBackend", "WorkspaceLost"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from an executor.
+
+    ``execute`` returns an ExecResult for every program it ran, including the program's own
+    failures; it reports infrastructure failures as ``status == "sandbox_error"`` (or raises),
+    which the engine retries. Workspace methods raise ``WorkspaceLost`` when the workspace's
+    files are gone (its slot restarted).
+    """
+
+    @property
+    def slots(self) -> int:
+        """How many runs can execute at once."""
+        ...
+
+    @property
+    def retryable(self) -> bool:
+        """False when every run would fail the same way (e.g. the host cannot isolate)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def execute(self, program: Program, limits: Limits) -> ExecResult: ...
+
+    async def open_workspace(self, limits: Limits) -> Any: ...
+
+    async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult: ...
+
+    async def write_files(self, workspace: Any, files: Mapping[str, str | bytes]) -> None: ...
+
+    async def read_files(self, workspace: Any, paths: Sequence[str]) -> dict[str, bytes]: ...
+
+    async def close_workspace(self, workspace: Any) -> None: ...
+
+
+class LocalBackend:
+    """A ``SandboxPool`` of warm fork-server slots on this machine."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+
+    @property
+    def slots(self) -> int:
+        return self.pool.size
+
+    @property
+    def retryable(self) -> bool:
+        return self.pool.isolation_level != "unavailable"
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+        return await self.pool.run(program, limits)
+
+    async def open_workspace(self, limits: Limits) -> Any:
+        return await self.pool.open_workspace(limits)
+
+    async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
+        return await self.pool.run_in(workspace, program, limits)
+
+    async def write_files(self, workspace: Any, files: Mapping[str, str | bytes]) -> None:
+        await self.pool.write_files(workspace, dict(files))
+
+    async def read_files(self, workspace: Any, paths: Sequence[str]) -> dict[str, bytes]:
+        return await self.pool.read_files(workspace, list(paths))
+
+    async def close_workspace(self, workspace: Any) -> None:
+        await self.pool.close_workspace(workspace)

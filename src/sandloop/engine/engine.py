@@ -1,0 +1,879 @@
+"""The engine: one async entry point that schedules many sandbox runs and multi-turn sessions.
+
+Jobs enter a bounded, weighted-fair priority queue (``scheduling.FairQueue``) after their client's
+token bucket lets them; the dispatcher starts the next job whenever a slot and the job's declared
+memory and CPU are free (``scheduling.Admission``). Dispatch is synchronous and event-driven (on
+every submission and completion), never a polling loop, so its cost per job is a few dict and
+heap operations. Infrastructure failures are retried with exponential backoff; program failures
+are results. With a journal, jobs and outcomes are durable and idempotent by key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import os
+import random
+import time
+from collections import deque
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Hashable,
+    Iterable,
+    Sequence,
+)
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from sandloop.engine.backends import Backend, LocalBackend
+from sandloop.engine.errors import (
+    DeadlineExceeded,
+    EngineClosed,
+    RateLimited,
+    SessionLimit,
+    SessionLost,
+)
+from sandloop.engine.journal import Journal, job_key
+from sandloop.engine.repeat import RepeatedResult, aggregate
+from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
+from sandloop.engine.session import Session
+from sandloop.sandbox.languages import spec_for
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
+
+__all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
+
+# Named priorities (higher runs first); any int works too.
+PRIORITIES: dict[str, int] = {"eval": 100, "interactive": 50, "train": 0, "background": -100}
+
+ProgramItem = Program | tuple[Program, Limits]
+
+
+def _priority(p: int | str) -> int:
+    if isinstance(p, int):
+        return p
+    try:
+        return PRIORITIES[p]
+    except KeyError:
+        raise ValueError(f"unknown priority {p!r}; use an int or one of {sorted(PRIORITIES)}") \
+            from None
+
+
+def _host_memory_mb() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 4096
+
+
+_COMPILED: dict[str, bool] = {}
+
+
+def _declared_memory_mb(program: Program, limits: Limits) -> int:
+    # A compiled language's compile step runs under its own (usually larger) memory limit.
+    compiled = _COMPILED.get(program.language)
+    if compiled is None:
+        try:
+            compiled = spec_for(program.language, ()).compile is not None
+        except Exception:  # unavailable language: the backend reports it as the result
+            compiled = False
+        _COMPILED[program.language] = compiled
+    return max(limits.memory_mb, limits.compile_memory_mb) if compiled else limits.memory_mb
+
+
+@dataclass
+class ClientPolicy:
+    """How one client (a training job, an eval, a user) is treated.
+
+    ``weight``: its share of dispatches relative to other clients at the same priority.
+    ``rate``/``burst``: a token bucket (jobs per second, jobs at once); None = unlimited.
+    ``on_limit``: ``"wait"`` delays submissions until tokens refill; ``"reject"`` raises
+    ``RateLimited`` with the time to wait.
+    """
+
+    weight: float = 1.0
+    rate: float | None = None
+    burst: float | None = None
+    on_limit: Literal["wait", "reject"] = "wait"
+
+
+@dataclass
+class EngineStats:
+    """Counters since start, and the current queue and run state."""
+
+    submitted: int = 0
+    completed: int = 0
+    from_journal: int = 0
+    executed: int = 0  # backend calls, retries included
+    retried: int = 0
+    infra_failures: int = 0  # jobs whose result is sandbox_error after every retry
+    deadline_exceeded: int = 0
+    rejected: int = 0
+    queued: int = 0
+    running: int = 0
+    sessions: int = 0
+    sessions_reaped: int = 0
+
+
+class _Job:
+    """One unit of scheduling (kept small: 100,000 of them may wait at once)."""
+
+    __slots__ = ("attempts", "client", "cpus", "deadline", "future", "id", "key", "limits",
+                 "memory_mb", "priority", "program", "timer", "waiters", "workspace")
+
+    def __init__(self, jid: int, program: Program, limits: Limits, priority: int, client: str,
+                 memory_mb: int, future: asyncio.Future[ExecResult]) -> None:
+        self.id = jid
+        self.program = program
+        self.limits = limits
+        self.priority = priority
+        self.client = client
+        self.memory_mb = memory_mb
+        self.cpus = limits.cpus
+        self.future = future
+        self.key: str | None = None
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.attempts = 0
+        self.waiters = 0
+        self.workspace: Any = None
+
+
+class JobHandle:
+    """A submitted job: await ``result()``, or ``cancel()`` it."""
+
+    __slots__ = ("_engine", "_job")
+
+    def __init__(self, engine: Engine, job: _Job) -> None:
+        self._engine = engine
+        self._job = job
+        job.waiters += 1
+
+    @property
+    def id(self) -> int:
+        return self._job.id
+
+    @property
+    def key(self) -> str | None:
+        """The job's idempotency key (None when neither a key nor a journal was given)."""
+        return self._job.key
+
+    def done(self) -> bool:
+        return self._job.future.done()
+
+    async def result(self) -> ExecResult:
+        """The job's ExecResult; raises DeadlineExceeded, EngineClosed or CancelledError."""
+        return await asyncio.shield(self._job.future)
+
+    def cancel(self) -> bool:
+        """Withdraw this handle's interest; the job is cancelled when no one else waits on it.
+
+        A queued job then never runs; a running one finishes (bounded by its limits) and its
+        result is dropped. Returns whether the job was cancelled.
+        """
+        return self._engine._release_waiter(self._job)
+
+
+class Engine:
+    """Schedules sandbox runs and sessions over a backend (by default a local SandboxPool).
+
+    Use as an async context manager::
+
+        async with Engine() as engine:
+            result = await engine.run(program, limits)
+            async for i, result in engine.stream(programs, priority="train", client="rl-job-1"):
+                ...
+            async with engine.session(language="python") as s:
+                await s.write_files({"sol.py": code})
+                r = await s.run("python sol.py")
+
+    Defaults: ``2 x cores`` slots, a CPU budget of ``cores`` (runs declaring ``Limits.cpus`` < 1
+    pack more densely), 75 % of host memory as the memory budget, a queue of 100,000 jobs, three
+    attempts for infrastructure failures, no journal (pass ``journal=path`` for durability).
+    Jobs of priority >= ``PRIORITIES["eval"]`` have a reserve: one slot ordinary jobs never take
+    (``reserve_slots``, default 1 with 4+ slots) and ``reserve_cpus`` of CPU overcommit, so an eval run starts at once
+    even while a training flood saturates the engine.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        slots: int | None = None,
+        isolation: str = "full",
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        max_queued: int = 100_000,
+        journal: str | Path | Journal | None = None,
+        max_attempts: int = 3,
+        retry_backoff_s: float = 0.05,
+        session_idle_s: float = 600.0,
+        session_ttl_s: float = 6 * 3600.0,
+        max_sessions: int = 10_000,
+        max_bypass: int = 16,
+        reserve_slots: int | None = None,
+        reserve_cpus: float = 1.0,
+    ) -> None:
+        cores = os.cpu_count() or 1
+        if backend is None:
+            backend = LocalBackend(SandboxPool(slots or 2 * cores, isolation=isolation))
+        self.backend = backend
+        self.max_attempts = max(1, max_attempts)
+        self.retry_backoff_s = retry_backoff_s
+        self.session_idle_s = session_idle_s
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions = max_sessions
+        self._cpus = float(cpus if cpus is not None else cores)
+        self._memory_mb = memory_mb if memory_mb is not None else _host_memory_mb() * 3 // 4
+        self._queue: FairQueue[_Job] = FairQueue(max_queued, max_bypass=max_bypass)
+        self._admission: Admission | None = None
+        self._reserve = (reserve_slots, reserve_cpus)
+        self._journal_arg = journal
+        self.journal: Journal | None = None
+        self._writer: _JournalWriter | None = None
+        self._clients: dict[str, ClientPolicy] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._inflight: dict[str, _Job] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._room: deque[asyncio.Future[None]] = deque()
+        self._sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._closed = False
+        self.stats = EngineStats()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the backend (warm slots), open the journal and the session reaper."""
+        if self._started:
+            return
+        if self._closed:
+            raise EngineClosed("this engine was closed; create a new Engine")
+        self._loop = asyncio.get_running_loop()
+        await self.backend.start()
+        slots = self.backend.slots
+        rs = self._reserve[0] if self._reserve[0] is not None else (1 if slots >= 4 else 0)
+        self._admission = Admission(slots, self._memory_mb, self._cpus, reserve_slots=rs,
+                                    reserve_cpus=self._reserve[1],
+                                    reserve_priority=PRIORITIES["eval"])
+        if self._journal_arg is not None:
+            self.journal = (self._journal_arg if isinstance(self._journal_arg, Journal)
+                            else await asyncio.to_thread(Journal, self._journal_arg))
+            self._writer = _JournalWriter(self.journal)
+        self._reaper = self._loop.create_task(self._reap_loop())
+        self._started = True
+
+    async def close(self) -> None:
+        """Cancel queued jobs, wait for running ones, close sessions, the journal and slots."""
+        if self._closed:
+            return
+        self._closed = True
+        for job in self._queue.drain():
+            self._fail(job, EngineClosed("the engine closed before this job ran"))
+        for fut in self._room:
+            if not fut.done():
+                fut.set_exception(EngineClosed("the engine is closing"))
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for s in list(self._sessions.values()):
+            with contextlib.suppress(Exception):
+                await s._shutdown("closed")
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._writer is not None:
+            await self._writer.flush()
+        if self.journal is not None and not isinstance(self._journal_arg, Journal):
+            self.journal.close()
+        if self._started:
+            await self.backend.close()
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- clients --------------------------------------------------------------------------------
+    def configure_client(self, client: str, *, weight: float = 1.0, rate: float | None = None,
+                         burst: float | None = None,
+                         on_limit: Literal["wait", "reject"] = "wait") -> None:
+        """Set ``client``'s fairness weight and token-bucket rate limit (see ClientPolicy)."""
+        if on_limit not in ("wait", "reject"):
+            raise ValueError(f"on_limit must be 'wait' or 'reject', got {on_limit!r}")
+        self._queue.set_weight(client, weight)
+        self._clients[client] = ClientPolicy(weight, rate, burst, on_limit)
+        if rate is not None:
+            self._buckets[client] = TokenBucket(rate, burst if burst is not None else max(1.0, rate),
+                                                time.monotonic())
+        else:
+            self._buckets.pop(client, None)
+
+    # -- submitting -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("the engine is closed; no new jobs are accepted")
+        if not self._started:
+            raise RuntimeError("the engine is not started: use 'async with Engine() as engine' "
+                               "or 'await engine.start()'")
+
+    def _make_job(self, program: Program, limits: Limits | None, priority: int | str,
+                  client: str, key: str | None, timeout_s: float | None) -> _Job:
+        assert self._loop is not None and self._admission is not None
+        limits = limits or _DEFAULT_LIMITS
+        job = _Job(next(self._ids), program, limits, _priority(priority), client,
+                   _declared_memory_mb(program, limits), self._loop.create_future())
+        self._admission.check(job)
+        if key is None and self.journal is not None:
+            key = job_key(program, limits)
+        job.key = key
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            job.deadline = time.monotonic() + timeout_s
+        return job
+
+    async def _rate_limit(self, client: str, block: bool) -> None:
+        bucket = self._buckets.get(client)
+        if bucket is None:
+            return
+        while (wait := bucket.take(time.monotonic())) > 0:
+            if not block or self._clients[client].on_limit == "reject":
+                self.stats.rejected += 1
+                raise RateLimited(client, wait)
+            await asyncio.sleep(wait)
+
+    async def _wait_room(self, block: bool) -> None:
+        while len(self._queue) >= self._queue.capacity:
+            if not block:
+                self.stats.rejected += 1
+                raise QueueFull(
+                    f"engine queue is full ({self._queue.capacity} jobs waiting); wait for "
+                    "results, submit with block=True, or raise Engine(max_queued=...)")
+            assert self._loop is not None
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._room.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                # Pass a wake-up we may have consumed on to the next waiter.
+                if fut.done() and not fut.cancelled():
+                    self._wake_room()
+                raise
+            self._check_open()
+
+    def _wake_room(self) -> None:
+        room = self._room
+        while room:
+            fut = room.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def _submit(self, job: _Job, block: bool) -> _Job:
+        """Rate-limit, dedupe by key, journal, enqueue; returns the job that will answer."""
+        key = job.key
+        if key is not None:
+            same = self._inflight.get(key)
+            if same is not None:
+                return same
+            if self.journal is not None:
+                done = self.journal.done([key])
+                if key in done:
+                    self.stats.from_journal += 1
+                    job.future.set_result(done[key])
+                    return job
+        await self._rate_limit(job.client, block)
+        await self._wait_room(block)
+        if key is not None:
+            same = self._inflight.get(key)  # another submission won the race while we waited
+            if same is not None:
+                return same
+            self._inflight[key] = job
+            if self._writer is not None:
+                try:
+                    await self._writer.submitted(job)
+                except BaseException:
+                    self._inflight.pop(key, None)
+                    raise
+                if len(self._queue) >= self._queue.capacity:  # filled while we committed
+                    await self._wait_room(True)
+        self._check_open()
+        self._enqueue(job)
+        return job
+
+    def _enqueue(self, job: _Job) -> None:
+        self._queue.push(job)
+        self.stats.submitted += 1
+        if job.deadline is not None:
+            assert self._loop is not None
+            job.timer = self._loop.call_at(job.deadline, self._expire, job)
+        self._pump()
+
+    def submit_nowait(self, program: Program, limits: Limits | None = None, *,
+                      priority: int | str = 0, client: str = "default",
+                      timeout_s: float | None = None) -> JobHandle:
+        """Queue a job without waiting; raises QueueFull or RateLimited instead of waiting.
+
+        The cheapest path (no journal, no idempotency key): for bulk submission from a loop.
+        """
+        self._check_open()
+        if self.journal is not None:
+            raise RuntimeError("submit_nowait cannot journal a job; use 'await engine.submit()'")
+        job = self._make_job(program, limits, priority, client, None, timeout_s)
+        bucket = self._buckets.get(client)
+        if bucket is not None and (wait := bucket.take(time.monotonic())) > 0:
+            self.stats.rejected += 1
+            raise RateLimited(client, wait)
+        if len(self._queue) >= self._queue.capacity:
+            self.stats.rejected += 1
+            raise QueueFull(f"engine queue is full ({self._queue.capacity} jobs waiting); wait "
+                            "for results or raise Engine(max_queued=...)")
+        self._enqueue(job)
+        return JobHandle(self, job)
+
+    async def submit(self, program: Program, limits: Limits | None = None, *,
+                     priority: int | str = 0, client: str = "default", key: str | None = None,
+                     timeout_s: float | None = None, block: bool = True) -> JobHandle:
+        """Queue a job and return its handle once it is queued (and journaled).
+
+        ``block=False`` raises QueueFull / RateLimited instead of waiting for room or tokens.
+        ``key`` makes the job idempotent: while one with the same key is queued or running, or
+        (with a journal) once one has finished, the same result answers.
+        """
+        self._check_open()
+        job = self._make_job(program, limits, priority, client, key, timeout_s)
+        return JobHandle(self, await self._submit(job, block))
+
+    async def run(self, program: Program, limits: Limits | None = None, *,
+                  priority: int | str = 0, client: str = "default", key: str | None = None,
+                  timeout_s: float | None = None, block: bool = True) -> ExecResult:
+        """Run one program and return its ExecResult (program failures are results).
+
+        Raises DeadlineExceeded when ``timeout_s`` passes first (the job is withdrawn),
+        QueueFull / RateLimited with ``block=False``, EngineClosed on shutdown.
+        """
+        self._check_open()
+        job = self._make_job(program, limits, priority, client, key, timeout_s)
+        job = await self._submit(job, block)
+        job.waiters += 1
+        try:
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            self._release_waiter(job)
+            raise
+
+    def runner(self, *, priority: int | str = 0, client: str = "default",
+               timeout_s: float | None = None) -> Callable[[Program, Limits], Any]:
+        """``async (program, limits) -> ExecResult`` bound to a priority and client (e.g. for
+        ``sandloop.reward.Verifier(run=...)``)."""
+
+        async def run(program: Program, limits: Limits) -> ExecResult:
+            return await self.run(program, limits, priority=priority, client=client,
+                                  timeout_s=timeout_s)
+
+        return run
+
+    async def stream(
+        self,
+        programs: Iterable[ProgramItem] | AsyncIterable[ProgramItem],
+        limits: Limits | None = None,
+        *,
+        priority: int | str = 0,
+        client: str = "default",
+        keys: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+        window: int | None = None,
+    ) -> AsyncGenerator[tuple[int, ExecResult], None]:
+        """Run many programs; yield ``(index, result)`` as each finishes (not in input order).
+
+        ``programs`` may be lazy (any iterable or async iterable of Program or (Program, Limits));
+        at most ``window`` jobs are outstanding at once (default: 4 x slots, at least 256), so
+        memory stays bounded however many programs there are. A job whose ``timeout_s`` passes
+        yields a ``sandbox_error`` result naming the deadline (masked, never a reward of 0).
+        Leaving the loop early cancels the jobs not yet finished.
+        """
+        self._check_open()
+        assert self._loop is not None
+        limit = window or max(256, 4 * self.backend.slots)
+        room = asyncio.Semaphore(limit)
+        done: asyncio.Queue[tuple[int, asyncio.Future[ExecResult] | BaseException | None]] = \
+            asyncio.Queue()
+        outstanding: dict[int, _Job] = {}
+        total: list[int] = []
+
+        def finished(i: int, fut: asyncio.Future[ExecResult]) -> None:
+            done.put_nowait((i, fut))
+
+        async def feed() -> None:
+            try:
+                i = 0
+                async for item in _aiter(programs):
+                    await room.acquire()
+                    prog, lim = item if isinstance(item, tuple) else (item, limits)
+                    key = keys[i] if keys is not None else None
+                    job = self._make_job(prog, lim, priority, client, key, timeout_s)
+                    job = await self._submit(job, True)
+                    job.waiters += 1
+                    outstanding[i] = job
+                    job.future.add_done_callback(functools.partial(finished, i))
+                    i += 1
+                total.append(i)
+                done.put_nowait((-1, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                done.put_nowait((-1, e))
+
+        feeder = self._loop.create_task(feed())
+        yielded = 0
+        try:
+            while not total or yielded < total[0]:
+                i, what = await done.get()
+                if i < 0:
+                    if isinstance(what, BaseException):
+                        raise what
+                    continue
+                assert isinstance(what, asyncio.Future)
+                job = outstanding.pop(i)
+                job.waiters -= 1
+                room.release()
+                yielded += 1
+                if what.cancelled():
+                    raise EngineClosed("a job of this stream was cancelled")
+                exc = what.exception()
+                if isinstance(exc, DeadlineExceeded):
+                    yield i, ExecResult.sandbox_error(str(exc))
+                elif exc is not None:
+                    raise exc
+                else:
+                    yield i, what.result()
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await feeder
+            for job in outstanding.values():
+                job.waiters += 1  # balanced by _release_waiter
+                self._release_waiter(job)
+
+    async def run_repeated(self, program: Program, limits: Limits | None = None, *, k: int = 3,
+                           priority: int | str = 0, client: str = "default",
+                           key: str | None = None, timeout_s: float | None = None,
+                           verdict: Callable[[ExecResult], Hashable] | None = None,
+                           ) -> RepeatedResult:
+        """Run ``program`` ``k`` times and aggregate: majority verdict, mean measurements, and a
+        ``flaky`` flag when repeats disagree (see ``repeat.aggregate``)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        base = key if key is not None else (job_key(program, limits or _DEFAULT_LIMITS)
+                                            if self.journal is not None else None)
+        results = await asyncio.gather(*(
+            self.run(program, limits, priority=priority, client=client, timeout_s=timeout_s,
+                     key=f"{base}#r{i}" if base is not None else None)
+            for i in range(k)))
+        return aggregate(results, verdict)
+
+    async def resume(self, *, priority: int | str | None = None,
+                     ) -> AsyncIterator[tuple[str, ExecResult]]:
+        """Run again every job the journal holds as submitted but unfinished (after a crash);
+        yield ``(key, result)`` as each finishes. Each runs once; resubmitting the same key
+        meanwhile joins it instead of running it twice."""
+        self._check_open()
+        if self.journal is None:
+            raise RuntimeError("resume() needs a journal: Engine(journal=path)")
+        pending = await asyncio.to_thread(self.journal.pending)
+        handles: dict[asyncio.Future[ExecResult], str] = {}
+        for p in pending:
+            h = await self.submit(p.program, p.limits, key=p.key, client=p.client,
+                                  priority=p.priority if priority is None else priority)
+            handles[h._job.future] = p.key
+        remaining = set(handles)
+        while remaining:
+            finished, remaining = await asyncio.wait(remaining,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+            for f in finished:
+                yield handles[f], f.result()
+
+    # -- sessions -------------------------------------------------------------------------------
+    async def open_session(self, *, language: str = "python", limits: Limits | None = None,
+                           ttl_s: float | None = None, idle_timeout_s: float | None = None,
+                           priority: int | str = "interactive", client: str = "default",
+                           ) -> Session:
+        """Open a multi-turn session: a work dir whose files persist between runs.
+
+        Idle, it costs only its files. It is reaped (files deleted) after ``idle_timeout_s``
+        without use or ``ttl_s`` after opening; close it yourself when done.
+        """
+        self._check_open()
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionLimit(f"the engine holds {self.max_sessions} sessions; close some or "
+                               "raise Engine(max_sessions=...)")
+        limits = limits or _DEFAULT_LIMITS
+        try:
+            ws = await self.backend.open_workspace(limits)
+        except WorkspaceLost as e:
+            raise SessionLost(f"cannot open a session: {e}") from e
+        s = Session(self, ws, language=language, limits=limits,
+                    ttl_s=self.session_ttl_s if ttl_s is None else ttl_s,
+                    idle_timeout_s=self.session_idle_s if idle_timeout_s is None
+                    else idle_timeout_s,
+                    priority=_priority(priority), client=client)
+        self._sessions[s.id] = s
+        self.stats.sessions = len(self._sessions)
+        return s
+
+    @contextlib.asynccontextmanager
+    async def session(self, *, language: str = "python", limits: Limits | None = None,
+                      ttl_s: float | None = None, idle_timeout_s: float | None = None,
+                      priority: int | str = "interactive", client: str = "default",
+                      ) -> AsyncIterator[Session]:
+        """``async with engine.session(...) as s:`` — ``open_session`` closed on exit."""
+        s = await self.open_session(language=language, limits=limits, ttl_s=ttl_s,
+                                    idle_timeout_s=idle_timeout_s, priority=priority,
+                                    client=client)
+        try:
+            yield s
+        finally:
+            await s.close()
+
+    def _session_gone(self, s: Session) -> None:
+        self._sessions.pop(s.id, None)
+        self.stats.sessions = len(self._sessions)
+
+    async def _run_in_session(self, s: Session, program: Program, limits: Limits,
+                              timeout_s: float | None) -> ExecResult:
+        self._check_open()
+        job = self._make_job(program, limits, s.priority, s.client, None, timeout_s)
+        job.workspace = s.workspace
+        await self._submit(job, True)
+        job.waiters += 1
+        try:
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            self._release_waiter(job)
+            raise
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_interval())
+            now = time.monotonic()
+            for s in list(self._sessions.values()):
+                reason = s._expiry(now)
+                if reason is not None:
+                    self.stats.sessions_reaped += 1
+                    with contextlib.suppress(Exception):
+                        await s._shutdown(reason)
+
+    def _reap_interval(self) -> float:
+        shortest = min((min(s.idle_timeout_s, s.ttl_s) for s in self._sessions.values()),
+                       default=self.session_idle_s)
+        return max(0.05, min(1.0, shortest / 4))
+
+    # -- dispatch (synchronous: no await between picking a job and starting it) ----------------
+    def _pump(self) -> None:
+        adm = self._admission
+        queue = self._queue
+        assert adm is not None and self._loop is not None
+        while adm.free_slots and len(queue):
+            job = queue.pop(adm.fits)
+            if job is None:
+                return
+            if self._room:
+                self._wake_room()
+            if job.future.done():  # cancelled or expired while queued
+                self._forget(job)
+                continue
+            adm.acquire(job)
+            self.stats.running += 1
+            task = self._loop.create_task(self._execute(job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, job: _Job) -> None:
+        limits = job.limits
+        clamped = False
+        if job.deadline is not None:
+            # Bound the run by the job's deadline so its slot is not held for a dropped result.
+            left = job.deadline - time.monotonic()
+            if left < limits.time_s:
+                limits = limits.model_copy(update={"time_s": max(left, 0.05)})
+                clamped = True
+        if self._writer is not None and job.key is not None:
+            self._writer.started(job.key)
+        self.stats.executed += 1
+        lost: BaseException | None = None
+        try:
+            if job.workspace is None:
+                result = await self.backend.execute(job.program, limits)
+            else:
+                result = await self.backend.run_in(job.workspace, job.program, limits)
+        except WorkspaceLost as e:
+            lost = SessionLost(f"the session's sandbox was lost: {e}; open a new session")
+            result = ExecResult.sandbox_error(str(e))
+        except Exception as e:  # a backend bug or crash is an infrastructure failure
+            result = ExecResult.sandbox_error(f"backend failed: {type(e).__name__}: {e}")
+        finally:
+            assert self._admission is not None
+            self._admission.release(job)
+            self.stats.running -= 1
+        self._pump()
+        if lost is not None:
+            self._fail(job, lost)
+            return
+        if result.status is Status.SANDBOX_ERROR:
+            if (job.workspace is None and job.attempts + 1 < self.max_attempts
+                    and not job.future.done() and not self._closed and self.backend.retryable):
+                # Infrastructure failure: back off, then retry (the pool has replaced the slot).
+                job.attempts += 1
+                self.stats.retried += 1
+                delay = self.retry_backoff_s * (2 ** (job.attempts - 1)) * (0.5 + random.random())
+                assert self._loop is not None
+                self._loop.call_later(delay, self._requeue, job)
+                return
+            self.stats.infra_failures += 1
+        elif (clamped and result.status is Status.TIMEOUT):
+            self._fail(job, DeadlineExceeded(
+                f"job {job.id} reached its deadline while running"))
+            return
+        await self._complete(job, result)
+
+    def _requeue(self, job: _Job) -> None:
+        if job.future.done() or self._closed:
+            self._forget(job)
+            if not job.future.done():
+                self._fail(job, EngineClosed("the engine closed before this job's retry"))
+            return
+        self._queue.push_front(job)
+        self._pump()
+
+    async def _complete(self, job: _Job, result: ExecResult) -> None:
+        # With a journal, the outcome is committed before anyone sees it: a result a caller
+        # received is never recomputed after a crash. Infrastructure failures stay pending.
+        if (self._writer is not None and job.key is not None
+                and result.status is not Status.SANDBOX_ERROR):
+            await self._writer.finished(job.key, result)
+        self._forget(job)
+        if not job.future.done():
+            self.stats.completed += 1
+            job.future.set_result(result)
+
+    def _fail(self, job: _Job, exc: BaseException) -> None:
+        self._forget(job)
+        if not job.future.done():
+            if isinstance(exc, DeadlineExceeded):
+                self.stats.deadline_exceeded += 1
+            job.future.set_exception(exc)
+            job.future.exception()  # retrieved: no "never retrieved" noise if no one waits
+
+    def _forget(self, job: _Job) -> None:
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        if job.key is not None and self._inflight.get(job.key) is job:
+            del self._inflight[job.key]
+
+    def _expire(self, job: _Job) -> None:
+        job.timer = None
+        if not job.future.done():
+            self._fail(job, DeadlineExceeded(
+                f"job {job.id} did not finish within its timeout_s (queued or running); "
+                "raise timeout_s, lower the load, or give it a higher priority"))
+
+    def _release_waiter(self, job: _Job) -> bool:
+        job.waiters -= 1
+        if job.waiters <= 0 and not job.future.done():
+            self._forget(job)
+            job.future.cancel()
+            return True
+        return False
+
+    # -- introspection --------------------------------------------------------------------------
+    def snapshot(self) -> EngineStats:
+        """A copy of the counters with the current queue length."""
+        s = EngineStats(**vars(self.stats))
+        s.queued = len(self._queue)
+        return s
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+async def _aiter(items: Iterable[ProgramItem] | AsyncIterable[ProgramItem],
+                 ) -> AsyncIterator[ProgramItem]:
+    if isinstance(items, AsyncIterable):
+        async for x in items:
+            yield x
+    else:
+        for x in items:
+            yield x
+
+
+class _JournalWriter:
+    """Group commit: journal writes made while a commit runs go into the next one, so many jobs
+    share one transaction (and one fsync-free WAL append) off the event loop."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._submitted: list[tuple[str, str, int, Program, Limits]] = []
+        self._started: list[str] = []
+        self._finished: list[tuple[str, ExecResult]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._running: asyncio.Task[None] | None = None
+
+    async def submitted(self, job: _Job) -> None:
+        assert job.key is not None
+        self._submitted.append((job.key, job.client, job.priority, job.program, job.limits))
+        await self._commit()
+
+    def started(self, key: str) -> None:
+        self._started.append(key)  # rides along with the next commit
+
+    async def finished(self, key: str, result: ExecResult) -> None:
+        self._finished.append((key, result))
+        await self._commit()
+
+    async def flush(self) -> None:
+        if self._submitted or self._started or self._finished:
+            await self._commit()
+        while self._running is not None:
+            await asyncio.shield(self._running)
+
+    async def _commit(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        if self._running is None:
+            self._running = asyncio.get_running_loop().create_task(self._loop())
+        await asyncio.shield(fut)
+
+    async def _loop(self) -> None:
+        try:
+            while self._waiters:
+                sub, st, fin, waiters = (self._submitted, self._started, self._finished,
+                                         self._waiters)
+                self._submitted, self._started, self._finished, self._waiters = [], [], [], []
+                try:
+                    await asyncio.to_thread(self.journal.write, sub, st, fin)
+                except BaseException as e:
+                    for w in waiters:
+                        if not w.done():
+                            w.set_exception(e)
+                    continue
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+        finally:
+            self._running = None
+

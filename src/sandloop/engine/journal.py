@@ -1,0 +1,186 @@
+"""The engine's durable journal: submitted jobs and their outcomes (SQLite in WAL mode).
+
+A job is keyed by a caller-chosen idempotency key (or the hash of its program and limits). It is
+recorded as ``pending`` before it is queued, and as ``done`` with its result before the result is
+handed to the caller. After a crash, ``done`` jobs are answered from here (never recomputed) and
+``pending`` ones are the jobs to run again. Infrastructure failures (``sandbox_error``) stay
+``pending``: the run did not happen, so a later attempt must make it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sandloop.sandbox.models import ExecResult, Limits, Program
+
+__all__ = ["Journal", "JournalError", "PendingJob", "job_key"]
+
+SCHEMA_VERSION = 1
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS engine_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS engine_jobs (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'done')),
+    client TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    program TEXT NOT NULL,
+    limits TEXT NOT NULL,
+    result TEXT,
+    channel BLOB,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    submitted_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS engine_jobs_pending ON engine_jobs (state) WHERE state = 'pending';
+"""
+
+
+class JournalError(RuntimeError):
+    """The journal file cannot be opened or has an incompatible schema."""
+
+
+def job_key(program: Program, limits: Limits) -> str:
+    """The default idempotency key: a hash of what runs and within which bounds.
+
+    Two submissions of the same program with the same limits are the same job: the second gets
+    the first's result. Pass explicit keys to run identical programs independently.
+    """
+    blob = program.model_dump_json() + "\x1f" + limits.model_dump_json()
+    return "h:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A job recorded as submitted but without an outcome (to run again after a restart)."""
+
+    key: str
+    client: str
+    priority: int
+    program: Program
+    limits: Limits
+    attempts: int
+
+
+def _encode_result(result: ExecResult) -> tuple[str, bytes | None]:
+    # The channel (fd 3 bytes) is excluded from the JSON form but harnesses need it back.
+    return result.model_dump_json(), result.channel
+
+
+def _decode_result(text: str, channel: bytes | None) -> ExecResult:
+    r = ExecResult.model_validate_json(text)
+    return r.model_copy(update={"channel": channel}) if channel is not None else r
+
+
+class Journal:
+    """SQLite-backed job records. Thread-safe (one connection, one lock); the engine calls the
+    writing methods from a worker thread so commits never block its event loop."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                       timeout=30.0)
+            if self.path != ":memory:":
+                mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise JournalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+            # NORMAL in WAL mode: a commit survives a crash of this process (not power loss).
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_DDL)
+        except sqlite3.Error as e:
+            raise JournalError(f"cannot open engine journal {self.path}: {e}") from None
+        self._lock = threading.Lock()
+        row = self._db.execute("SELECT value FROM engine_meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO engine_meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise JournalError(
+                f"{self.path} has engine-journal schema {row[0]}, this version uses "
+                f"{SCHEMA_VERSION}; use a new journal file")
+
+    # -- reads ----------------------------------------------------------------------------------
+    def done(self, keys: Sequence[str]) -> dict[str, ExecResult]:
+        """Results of those of ``keys`` that are done."""
+        found: dict[str, ExecResult] = {}
+        with self._lock:
+            for i in range(0, len(keys), 500):
+                chunk = list(keys[i:i + 500])
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT key, result, channel FROM engine_jobs "
+                    f"WHERE state='done' AND key IN ({marks})", chunk).fetchall()
+                for key, text, channel in rows:
+                    found[key] = _decode_result(text, channel)
+        return found
+
+    def pending(self) -> list[PendingJob]:
+        """Jobs submitted but not finished, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key, client, priority, program, limits, attempts FROM engine_jobs "
+                "WHERE state='pending' ORDER BY submitted_at, rowid").fetchall()
+        return [PendingJob(k, c, int(p), Program.model_validate_json(prog),
+                           Limits.model_validate_json(lim), int(a))
+                for k, c, p, prog, lim, a in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs per state."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT state, COUNT(*) FROM engine_jobs GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
+    def attempts(self, key: str) -> int:
+        """How many times ``key`` was dispatched to a sandbox (across restarts)."""
+        with self._lock:
+            row = self._db.execute("SELECT attempts FROM engine_jobs WHERE key=?",
+                                   (key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- writes (one transaction per call: the engine batches them) -----------------------------
+    def write(self, submitted: Iterable[tuple[str, str, int, Program, Limits]],
+              started: Iterable[str], finished: Iterable[tuple[str, ExecResult]]) -> None:
+        """Record submissions (ignored if the key exists), dispatches and outcomes, atomically."""
+        now = time.time()
+        sub = [(k, c, p, prog.model_dump_json(), lim.model_dump_json(), now)
+               for k, c, p, prog, lim in submitted]
+        fin = [(*_encode_result(r), now, k) for k, r in finished]
+        st = [(k,) for k in started]
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                if sub:
+                    self._db.executemany(
+                        "INSERT OR IGNORE INTO engine_jobs (key, state, client, priority, program,"
+                        " limits, submitted_at) VALUES (?, 'pending', ?, ?, ?, ?, ?)", sub)
+                if st:
+                    self._db.executemany(
+                        "UPDATE engine_jobs SET attempts = attempts + 1 WHERE key=?", st)
+                if fin:
+                    self._db.executemany(
+                        "UPDATE engine_jobs SET state='done', result=?, channel=?, finished_at=? "
+                        "WHERE key=? AND state='pending'", fin)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,164 @@
+"""Multi-turn sessions: a persistent work dir that keeps files between runs.
+
+A session's files live in one sandbox slot (a tmpfs in that slot's fork-server); between runs it
+holds no process, so an idle session costs only its files. Runs go through the engine's scheduler
+like any job (priority, fairness, admission), then execute in that slot with ``/sandbox`` = the
+session's work dir. The engine's reaper deletes sessions idle longer than ``idle_timeout_s`` or
+older than ``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sandloop.engine.errors import SessionClosed, SessionExpired, SessionLost
+from sandloop.sandbox.models import ExecResult, Limits, Program, check_relative_path
+from sandloop.sandbox.pool import WorkspaceLost
+
+if TYPE_CHECKING:
+    from sandloop.engine.engine import Engine
+
+__all__ = ["Session"]
+
+_ids = itertools.count(1)
+
+
+class Session:
+    """A multi-turn sandbox: files written or created by runs persist until it closes.
+
+    Obtain one with ``Engine.session(...)`` (closed on exit) or ``Engine.open_session(...)``.
+    Every method raises SessionExpired after the reaper took it, SessionClosed after ``close()``,
+    SessionLost if its sandbox slot died.
+    """
+
+    def __init__(self, engine: Engine, workspace: Any, *, language: str, limits: Limits,
+                 ttl_s: float, idle_timeout_s: float, priority: int, client: str) -> None:
+        self.id = f"s{next(_ids)}"
+        self.engine = engine
+        self.workspace = workspace
+        self.language = Program(language=language, source="").language
+        self.limits = limits
+        self.ttl_s = ttl_s
+        self.idle_timeout_s = idle_timeout_s
+        self.priority = priority
+        self.client = client
+        self.created_at = time.monotonic()
+        self.last_used = self.created_at
+        self.runs = 0
+        self._busy = 0
+        self._ended: str | None = None  # "closed" | why it expired | "lost"
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once closed, expired or lost."""
+        return self._ended is not None
+
+    def _expiry(self, now: float) -> str | None:
+        """Why the session should be reaped now, or None (never while an operation runs)."""
+        if self._ended is not None or self._busy:
+            return None
+        if now - self.created_at > self.ttl_s:
+            return f"expired: older than its ttl_s={self.ttl_s:g}"
+        if now - self.last_used > self.idle_timeout_s:
+            return f"expired: idle longer than idle_timeout_s={self.idle_timeout_s:g}"
+        return None
+
+    def _enter(self) -> None:
+        # Expiry is decided here too, not only by the reaper's next pass, so a session is never
+        # usable past its deadline (the reaper deletes the files).
+        reason = self._ended or self._expiry(time.monotonic())
+        if reason is not None:
+            if reason == "closed":
+                raise SessionClosed(f"session {self.id} is closed")
+            if reason.startswith("lost"):
+                raise SessionLost(f"session {self.id} was {reason}; open a new session")
+            raise SessionExpired(f"session {self.id} {reason}; its files are gone: open a new "
+                                 "session (or raise ttl_s / idle_timeout_s)")
+        self._busy += 1
+
+    def _leave(self) -> None:
+        self._busy -= 1
+        self.last_used = time.monotonic()
+
+    # -- operations -----------------------------------------------------------------------------
+    async def run(self, command: str, *, stdin: str | bytes | None = None,
+                  limits: Limits | None = None, timeout_s: float | None = None) -> ExecResult:
+        """Run a shell (bash) command in the session's work dir, e.g. ``"python sol.py"``."""
+        return await self.run_program(Program(language="bash", source=command, stdin=stdin),
+                                      limits, timeout_s=timeout_s)
+
+    async def run_code(self, source: str, *, stdin: str | bytes | None = None,
+                       limits: Limits | None = None,
+                       timeout_s: float | None = None) -> ExecResult:
+        """Run ``source`` in the session's language, in the session's work dir."""
+        return await self.run_program(Program(language=self.language, source=source,
+                                              stdin=stdin), limits, timeout_s=timeout_s)
+
+    async def run_program(self, program: Program, limits: Limits | None = None, *,
+                          timeout_s: float | None = None) -> ExecResult:
+        """Run ``program`` with the session's work dir as ``/sandbox``; its files persist.
+
+        ``program.files`` are written first (and stay), as in a plain run.
+        """
+        self._enter()
+        try:
+            self.runs += 1
+            return await self.engine._run_in_session(self, program, limits or self.limits,
+                                                     timeout_s)
+        except SessionLost:
+            self._ended = "lost: its sandbox slot died"
+            self.engine._session_gone(self)
+            raise
+        finally:
+            self._leave()
+
+    async def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        """Create or replace files (paths relative to the work dir)."""
+        for name in files:
+            check_relative_path(name)
+        self._enter()
+        try:
+            await self.engine.backend.write_files(self.workspace, files)
+        except WorkspaceLost as e:
+            self._ended = "lost: its sandbox slot died"
+            self.engine._session_gone(self)
+            raise SessionLost(f"session {self.id} lost its files: {e}") from e
+        finally:
+            self._leave()
+
+    async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        """Regular files among ``paths`` (missing files, symlinks and specials are left out)."""
+        for name in paths:
+            check_relative_path(name)
+        self._enter()
+        try:
+            return await self.engine.backend.read_files(self.workspace, paths)
+        except WorkspaceLost as e:
+            self._ended = "lost: its sandbox slot died"
+            self.engine._session_gone(self)
+            raise SessionLost(f"session {self.id} lost its files: {e}") from e
+        finally:
+            self._leave()
+
+    async def close(self) -> None:
+        """Delete the session and its files (idempotent)."""
+        if self._ended is None:
+            await self._shutdown("closed")
+
+    async def _shutdown(self, reason: str) -> None:
+        if self._ended is None:
+            self._ended = reason
+        self.engine._session_gone(self)
+        with contextlib.suppress(WorkspaceLost):  # already gone with its slot
+            await self.engine.backend.close_workspace(self.workspace)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

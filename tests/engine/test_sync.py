@@ -1,0 +1,24 @@
+"""The blocking wrapper, for scripts."""
+
+from __future__ import annotations
+
+from engine_helpers import assert_none_left, sandbox_processes
+
+from sandloop import Limits, Program
+from sandloop.engine import SyncEngine
+
+FAST = Limits(time_s=5, memory_mb=256)
+
+
+def test_sync_wrapper() -> None:
+    before = sandbox_processes()
+    with SyncEngine(slots=1) as e:
+        assert e.run(Program(source="print('hi')")).stdout == "hi\n"
+        outs = e.map([Program(source=f"print({i})") for i in range(4)], FAST)
+        assert [r.stdout for r in outs] == ["0\n", "1\n", "2\n", "3\n"]
+        assert sorted(i for i, _ in e.stream([Program(source="pass")] * 3)) == [0, 1, 2]
+        with e.session() as s:
+            s.write_files({"a.txt": "x"})
+            assert s.run("cat a.txt").stdout == "x"
+    assert_none_left(before)
+
