@@ -190,3 +190,13 @@ async def test_work_dir_root_is_reset_between_runs(pool: SandboxPool) -> None:
                             " os.listxattr('.'))\nopen('w', 'w').write('ok')\n")
         assert r.status is Status.OK, r.stderr
         assert r.stdout == "['main.py'] 0o755 []\n"
+
+
+async def test_cpu_weight_reaches_the_cgroup(pool: SandboxPool) -> None:
+    from pathlib import Path
+
+    r = await run(pool, "pass", limits=Limits(cpu_weight=500))
+    assert r.status is Status.OK
+    shares = {Path(f"/sys/fs/cgroup/cpu/sandloop/{s.name}/cpu.shares").read_text().strip()
+              for s in pool._slots if Path(f"/sys/fs/cgroup/cpu/sandloop/{s.name}").exists()}
+    assert "5120" in shares

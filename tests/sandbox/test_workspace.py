@@ -30,6 +30,21 @@ async def test_files_and_state_persist_between_runs(pool: SandboxPool) -> None:
         await pool.run_in(ws, Program(source="pass"))
 
 
+async def test_program_file_stays_out_of_the_workspace(pool: SandboxPool) -> None:
+    ws = await pool.open_workspace()
+    try:
+        await pool.write_files(ws, {"main.py": "print('user file')\n", "helper.py": "X = 7\n"})
+        r = await pool.run_in(ws, Program(source="import helper, os\nprint(helper.X, sorted(os.listdir('.')))"))
+        assert r.stdout == "7 ['helper.py', 'main.py']\n", r.stderr
+        r = await pool.run_in(ws, Program(language="bash", source="python main.py; ls"))
+        assert r.stdout == "user file\nhelper.py\nmain.py\n", r.stderr
+        r = await pool.run_in(ws, Program(language="c", source="int main(void){return 0;}"))
+        assert r.status is Status.OK
+        assert sorted(await pool.read_files(ws, ["main", "main.c", "main.py"])) == ["main.py"]
+    finally:
+        await pool.close_workspace(ws)
+
+
 async def test_workspaces_are_isolated_from_each_other_and_from_plain_runs(pool: SandboxPool) -> None:
     a, b = await pool.open_workspace(), await pool.open_workspace()
     try:

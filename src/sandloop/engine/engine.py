@@ -52,6 +52,7 @@ __all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
 
 # Named priorities (higher runs first); any int works too.
 PRIORITIES: dict[str, int] = {"eval": 100, "interactive": 50, "train": 0, "background": -100}
+EVAL_CPU_WEIGHT = 1000  # 10x a default run's share of a contended core
 
 ProgramItem = Program | tuple[Program, Limits]
 
@@ -334,7 +335,12 @@ class Engine:
                   client: str, key: str | None, timeout_s: float | None) -> _Job:
         assert self._loop is not None and self._admission is not None
         limits = limits or _DEFAULT_LIMITS
-        job = _Job(next(self._ids), program, limits, _priority(priority), client,
+        prio = _priority(priority)
+        if prio >= PRIORITIES["eval"] and limits.cpu_weight == 100:
+            # Runs are not preemptible: an eval run that lands next to training runs gets the
+            # larger share of the contended cores instead (cgroup CPU weight).
+            limits = limits.model_copy(update={"cpu_weight": EVAL_CPU_WEIGHT})
+        job = _Job(next(self._ids), program, limits, prio, client,
                    _declared_memory_mb(program, limits), self._loop.create_future())
         self._admission.check(job)
         if key is None and self.journal is not None:

@@ -39,6 +39,7 @@ class CgroupLimits:
     memory_bytes: int
     max_pids: int
     cpus: float
+    weight: int = 100  # cgroup v2 cpu.weight scale; v1 cpu.shares = weight * 1024 / 100
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,7 @@ class CgroupV1(CgroupBackend):
         if "cpu" in cg.dirs:
             cg._set_once(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
                          str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
+            cg._set_once(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
         _write(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
                else f"{mem}/memory.max_usage_in_bytes", "0")
         return RunBaseline(
@@ -317,6 +319,7 @@ class CgroupV2(CgroupBackend):
         cg._set_once(f"{d}/memory.max", str(base + limits.memory_bytes))
         cg._set_once(f"{d}/pids.max", str(limits.max_pids + keep))
         cg._set_once(f"{d}/cpu.max", f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
+        cg._set_once(f"{d}/cpu.weight", str(limits.weight))
         os.pwrite(self._peak_fds[d], b"reset", 0)
         ev = _kv(_read(f"{d}/memory.events"))
         return RunBaseline(

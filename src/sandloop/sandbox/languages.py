@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from sandloop.sandbox.models import canonical_language
 
 WORK_DIR = "/sandbox"  # must match zygote.WORK_DIR
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
+TOOLS_DIR = "/.sandloop/bin"  # `python`/`python3` -> the pool's interpreter (zygote._build_root)
+SANDBOX_PATH = f"{TOOLS_DIR}:{HOST_PATH}"
 
 
 class LanguageUnavailable(RuntimeError):
@@ -37,7 +39,7 @@ class LanguageSpec:
     binary: str = "main"  # what the compile step produces, relative to the work dir
 
     def check_available(self) -> None:
-        missing = [t for t in self.tools if shutil.which(t, path=SANDBOX_PATH) is None]
+        missing = [t for t in self.tools if shutil.which(t, path=HOST_PATH) is None]
         if missing:
             raise LanguageUnavailable(
                 f"{self.name}: {', '.join(missing)} not found; install it "
@@ -49,34 +51,40 @@ _DEBIAN_PKG = {"gcc": "gcc", "g++": "g++", "node": "nodejs", "bash": "bash"}
 
 
 def _exe(name: str) -> str:
-    return shutil.which(name, path=SANDBOX_PATH) or f"/usr/bin/{name}"
+    return shutil.which(name, path=HOST_PATH) or f"/usr/bin/{name}"
 
 
-def spec_for(language: str, argv: tuple[str, ...] = ()) -> LanguageSpec:
-    """The compile and run steps for ``language``; ``argv`` is passed to the program."""
+def spec_for(language: str, argv: tuple[str, ...] = (), main_dir: str = WORK_DIR) -> LanguageSpec:
+    """The compile and run steps for ``language``; ``argv`` is passed to the program.
+
+    ``main_dir`` is where the program's own file (source or binary) lives during the run step:
+    the work dir, or ``/tmp`` for runs in a workspace, whose files must stay the user's own.
+    Compilation always happens in a fresh work dir.
+    """
     lang = canonical_language(language)
     w = WORK_DIR
+    m = main_dir
     if lang == "python":
         return LanguageSpec("python", "main.py", None,
-                            Step("python", argv, path=f"{w}/main.py"), ())
+                            Step("python", argv, path=f"{m}/main.py"), ())
     if lang == "c":
         return LanguageSpec(
             "c", "main.c",
             Step("exec", (_exe("gcc"), "-O2", "-std=gnu17", "-pipe", "-o", f"{w}/main",
                           f"{w}/main.c", "-lm")),
-            Step("exec", (f"{w}/main", *argv)), ("gcc",))
+            Step("exec", (f"{m}/main", *argv)), ("gcc",))
     if lang == "cpp":
         return LanguageSpec(
             "cpp", "main.cpp",
             Step("exec", (_exe("g++"), "-O2", "-std=gnu++17", "-pipe", "-o", f"{w}/main",
                           f"{w}/main.cpp", "-lm")),
-            Step("exec", (f"{w}/main", *argv)), ("g++",))
+            Step("exec", (f"{m}/main", *argv)), ("g++",))
     if lang == "javascript":
         return LanguageSpec("javascript", "main.js", None,
-                            Step("exec", (_exe("node"), f"{w}/main.js", *argv)), ("node",))
+                            Step("exec", (_exe("node"), f"{m}/main.js", *argv)), ("node",))
     if lang == "bash":
         return LanguageSpec("bash", "main.sh", None,
-                            Step("exec", (_exe("bash"), f"{w}/main.sh", *argv)), ("bash",))
+                            Step("exec", (_exe("bash"), f"{m}/main.sh", *argv)), ("bash",))
     raise LanguageUnavailable(f"no runner for {lang}")  # pragma: no cover - guarded by canonical
 
 

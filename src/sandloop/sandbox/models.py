@@ -62,6 +62,10 @@ class Limits(BaseModel):
     memory_mb: int = Field(512, ge=8, le=65536, description="memory + swap, whole run, MiB")
     max_processes: int = Field(64, ge=1, le=4096, description="processes + threads at once")
     cpus: float = Field(1.0, gt=0, le=256, description="CPU quota (cores' worth of CPU time per second)")
+    cpu_weight: int = Field(
+        100, ge=1, le=10000,
+        description="share of contended CPU relative to other runs (cgroup cpu.weight scale)",
+    )
     stdout_bytes: int = Field(1 << 20, ge=0, le=1 << 30, description="stdout kept; beyond: truncated")
     stderr_bytes: int = Field(1 << 20, ge=0, le=1 << 30, description="stderr kept; beyond: truncated")
     output_limit_bytes: int | None = Field(

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from sandloop.sandbox import cgroups, host
-from sandloop.sandbox.languages import LanguageUnavailable, Step, sandbox_env, spec_for
+from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
@@ -49,14 +49,15 @@ def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
         return StepLimits(
             wall_s=limits.compile_time_s, cpu_s=limits.compile_time_s,
             memory_bytes=limits.compile_memory_mb << 20, max_pids=max(64, limits.max_processes),
-            cpus=1.0, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
+            cpus=1.0, cpu_weight=limits.cpu_weight, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
             # The binary must survive into the run step: same work dir, same size.
             workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
             open_files=max(limits.open_files, 256),
         )
     return StepLimits(
         wall_s=limits.time_s, cpu_s=limits.cpu_limit_s, memory_bytes=limits.memory_mb << 20,
-        max_pids=limits.max_processes, cpus=limits.cpus, stdout_bytes=limits.stdout_bytes,
+        max_pids=limits.max_processes, cpus=limits.cpus, cpu_weight=limits.cpu_weight,
+        stdout_bytes=limits.stdout_bytes,
         stderr_bytes=limits.stderr_bytes, kill_output_bytes=limits.kill_output_bytes,
         workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
         open_files=limits.open_files,
@@ -297,11 +298,15 @@ class SandboxPool:
         limits = limits or Limits()
         slot = min(self._slots, key=lambda s: len(s.workspaces))
         ws = Workspace(slot.new_work_id(), slot.index, limits, generation=slot.generation)
-        slot.workspaces.add(ws.id)
-        result = await self._in_workspace(ws, _TOUCH, limits, files={}, collect=())
-        if result.status is not Status.OK:
-            slot.workspaces.discard(ws.id)
-            raise WorkspaceLost(f"cannot create the workspace: {result.error or result.status}")
+        acquired = await self._acquire(slot)
+        try:
+            ws.generation = acquired.generation
+            await acquired.make_work(ws.id, limits.workdir_mb, limits.workdir_inodes)
+            acquired.workspaces.add(ws.id)
+        except (SlotBroken, OSError) as e:
+            raise WorkspaceLost(f"cannot create the workspace: {e}") from e
+        finally:
+            self._free.release(acquired)  # type: ignore[union-attr]
         return ws
 
     async def run_in(self, ws: Workspace, program: Program, limits: Limits | None = None) -> ExecResult:
@@ -373,7 +378,10 @@ class SandboxPool:
 
     async def _run_on(self, slot: Slot, program: Program, limits: Limits,
                       work: str | None = None) -> ExecResult:
-        spec = spec_for(program.language, tuple(program.argv))
+        # In a workspace the program's own file goes to the run's /tmp: the workspace keeps
+        # only what the user and their programs put there.
+        spec = spec_for(program.language, tuple(program.argv),
+                        main_dir="/tmp" if work else WORK_DIR)
         files = {name: _as_bytes(v) for name, v in program.files.items()}
         files[spec.main_file] = program.source.encode()
         env = sandbox_env(spec.name)
@@ -402,9 +410,12 @@ class SandboxPool:
             files = {n: d for n, d in files.items() if n != spec.main_file}
             files[spec.binary] = binary
             executable = frozenset({spec.binary})
+        own = spec.binary if spec.compile is not None else spec.main_file
+        tmp_files = {own: files.pop(own)} if work else {}
         o: StepOutcome = await slot.execute(
             spec.run, _step_limits(limits, compile_step=False),
-            stdin=_as_bytes(program.stdin), files=pack_files(files, executable), env=env,
+            stdin=_as_bytes(program.stdin), files=pack_files(files, executable, tmp_files),
+            env=env,
             work=work, collect=tuple(program.collect), collect_max=limits.stdout_bytes,
         )
         result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")

@@ -15,13 +15,16 @@ import struct
 from sandloop.sandbox.models import check_relative_path
 
 
-def pack_files(files: dict[str, bytes], executable: frozenset[str] = frozenset()) -> bytes:
-    """Serialise files for the child to create (see ``zygote._write_files``)."""
+def pack_files(files: dict[str, bytes], executable: frozenset[str] = frozenset(),
+               tmp_files: dict[str, bytes] | None = None) -> bytes:
+    """Serialise files for the child to create (see ``zygote._write_files``): ``files`` under
+    the work dir, ``tmp_files`` under the run's private /tmp (a workspace run's own program)."""
     out = bytearray()
-    for name, data in files.items():
-        check_relative_path(name)
+    entries = [(check_relative_path(n), d) for n, d in files.items()]
+    entries += [("/tmp/" + check_relative_path(n), d) for n, d in (tmp_files or {}).items()]
+    for name, data in entries:
         raw = name.encode()
-        mode = 0o755 if name in executable else 0o644
+        mode = 0o755 if name.removeprefix("/tmp/") in executable else 0o644
         out += struct.pack("<IQH", len(raw), len(data), mode)
         out += raw
         out += data

@@ -68,6 +68,7 @@ class StepLimits:
     memory_bytes: int
     max_pids: int
     cpus: float
+    cpu_weight: int
     stdout_bytes: int
     stderr_bytes: int
     kill_output_bytes: int
@@ -164,6 +165,7 @@ class Slot:
             self.cg = self.config.cgroups.create(self.name)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cfg = {
+            "python": self.config.python,
             "cgroups": self.cg.procs_files,
             "base": str(self.base),
             "uid": self.uid,
@@ -281,6 +283,13 @@ class Slot:
             raise SlotBroken(f"cannot reach zygote of slot {self.index}: {e}") from e
         return await self._recv(timeout)
 
+    async def make_work(self, work: str, size_mb: int, inodes: int) -> None:
+        """Create a persistent work dir (a tmpfs in the zygote's private area; no process)."""
+        reply = await self._request({"op": "mkwork", "work": work, "workdir_mb": size_mb,
+                                     "workdir_inodes": inodes})
+        if not reply.get("ok"):
+            raise OSError(f"cannot create the work dir: {reply.get('error')}")
+
     async def remove_work(self, work: str) -> None:
         reply = await self._request({"op": "rmwork", "work": work})
         if not reply.get("ok"):
@@ -310,7 +319,8 @@ class Slot:
         assert self.cg is not None
         cg = self.cg
         try:
-            base = cg.arm(CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus), keep=1)
+            base = cg.arm(CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus,
+                                       limits.cpu_weight), keep=1)
         except (CgroupError, OSError) as e:
             self.broken = True
             out.infra_error = f"cannot arm the slot cgroup: {e}"

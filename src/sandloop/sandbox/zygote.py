@@ -21,7 +21,7 @@ and uts namespaces, which
 Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM_RIGHTS):
   supervisor -> zygote: {"op": "run", "work", "workdir_mb", "workdir_inodes"}
                            + fds [stdin, files, spec, stdout, stderr, channel, status]
-                        {"op": "rmwork", "work": id}   {"op": "ping"}
+                        {"op": "mkwork"|"rmwork", "work": id, ...}   {"op": "ping"}
   zygote -> supervisor: {"ok": true, "pid": host_pid} (+ the child's mount-namespace fd)
                         or {"ok": false, "error": "..."}
   status pipe: records of 1 type byte + 4-byte little-endian length + payload:
@@ -85,6 +85,7 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
 SETUP_FAILED_EXIT = 125
+TOOLS_DIR = "/.sandloop/bin"  # must match languages.TOOLS_DIR
 PRIVATE = "/.zygote"  # the zygote's own area inside the sandbox root (see Zygote.setup)  # exit code of a child whose isolation setup failed (reported as "E")
 WORK_DIR = "/sandbox"
 
@@ -191,6 +192,7 @@ class Zygote:
         self.binds: list[str] = config["binds"]
         self.symlinks: dict[str, str] = config["symlinks"]
         self.cgroups: list[str] = config["cgroups"]
+        self.python: str = config["python"]
         self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
         self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
         self.status_fds: dict[int, int] = {}
@@ -270,6 +272,11 @@ class Zygote:
         for i, name in enumerate(("stdin", "stdout", "stderr")):
             os.symlink(f"/proc/self/fd/{i}", os.path.join(r, "dev", name))
         os.symlink("/tmp", os.path.join(r, "dev", "shm"))
+        # `python` and `python3` in a shell run are the pool's own interpreter.
+        tools = os.path.join(r, TOOLS_DIR.lstrip("/"))
+        os.makedirs(tools, 0o755)
+        for name in ("python", "python3"):
+            os.symlink(self.python, os.path.join(tools, name))
         etc = os.path.join(r, "etc")
         with open(os.path.join(etc, "passwd"), "w") as f:
             f.write(f"root:x:0:0::/:/bin/false\nsandbox:x:{self.uid}:{self.gid}::{WORK_DIR}:/bin/sh\n"
@@ -366,6 +373,9 @@ class Zygote:
             return {"ok": True, "pid": os.getpid()}
         if op == "rmwork":
             self.remove_work(msg["work"])
+            return {"ok": True}
+        if op == "mkwork":
+            self.ensure_work(msg["work"], tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"]))
             return {"ok": True}
         if op != "run":
             return {"ok": False, "error": f"unknown op {op!r}"}
@@ -683,6 +693,8 @@ def _write_files(files_fd: int) -> None:
         pos += 14
         name = data[pos:pos + nlen].decode()
         pos += nlen
+        if name.startswith("/") and not name.startswith("/tmp/"):
+            raise SetupError(f"refusing to write {name!r} outside /sandbox and /tmp")
         body = data[pos:pos + dlen]
         pos += dlen
         d = os.path.dirname(name)
@@ -711,8 +723,12 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
 
     os.environ.clear()
     os.environ.update(env)
+    # The zygote started with -I, which ignores the environment: apply what it would have set.
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     sys.argv = [path, *argv]
     sys.path[0] = os.path.dirname(os.path.abspath(path))
+    if os.getcwd() != sys.path[0]:  # a workspace run: its files are importable too
+        sys.path.insert(1, os.getcwd())
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                  encoding="utf-8", errors="surrogateescape")
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
