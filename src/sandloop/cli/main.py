@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from sandloop.engine import Engine
 from sandloop.sandbox import host
 from sandloop.sandbox.languages import LanguageUnavailable, spec_for
 from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
@@ -179,16 +180,19 @@ def exec_batch(
 
 async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: str,
                      *, print_jsonl: bool) -> list[ExecResult]:
-    async with SandboxPool(slots, isolation=isolation) as pool:
-        tasks = [asyncio.ensure_future(pool.run(r.program, r.limits)) for r in requests]
-        results = []
-        for t in tasks:  # in input order, each as soon as it and all before it are done
-            r = await t
-            results.append(r)
-            if print_jsonl:
-                sys.stdout.write(r.to_json() + "\n")
-                sys.stdout.flush()
-        return results
+    """Run through the engine; print results in input order as soon as each prefix is done."""
+    results: list[ExecResult | None] = [None] * len(requests)
+    printed = 0
+    async with Engine(slots=slots, isolation=isolation, max_attempts=2) as engine:
+        async for i, r in engine.stream(((q.program, q.limits) for q in requests),
+                                        client="exec-batch"):
+            results[i] = r
+            while printed < len(results) and (ready := results[printed]) is not None:
+                if print_jsonl:
+                    sys.stdout.write(ready.to_json() + "\n")
+                    sys.stdout.flush()
+                printed += 1
+    return [r for r in results if r is not None]
 
 
 def _summary_line(r: ExecResult) -> str:

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sandloop.engine import Engine
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
-from sandloop.sandbox.pool import SandboxPool
 from sandloop.store import ResultStore, StoreError
 from sandloop.tasks import TaskFormatError, load_tasks
 
@@ -84,6 +84,7 @@ def score_command(
     as_json: bool = False,
     progress: bool = True,
     by_kind: bool = False,
+    priority: str = "train",
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -117,8 +118,12 @@ def score_command(
 
     async def run() -> list[CompletionResult]:
         nonlocal cached
-        async with SandboxPool(slots, isolation="none" if no_isolation else "full") as pool:
-            verifier = Verifier(pool.run, reward=reward, time_scale=time_scale)
+        # Through the engine, like every surface: scheduling, admission and fairness apply.
+        # The verifier retries infrastructure failures itself (then reports a null reward).
+        async with Engine(slots=slots, isolation="none" if no_isolation else "full",
+                          max_attempts=1) as engine:
+            verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
+                                time_scale=time_scale)
             with Progress(
                 TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=err, disable=not progress, transient=True,
@@ -131,7 +136,7 @@ def score_command(
                     bar.advance(job)
 
                 return await score_all(by_id, items, verifier, store=store,
-                                       concurrency=4 * pool.size, on_result=done)
+                                       concurrency=4 * engine.backend.slots, on_result=done)
 
     try:
         results = asyncio.run(run())
