@@ -44,6 +44,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) benchmarks/bench_sandbox.py
+	$(VPY) benchmarks/bench_score.py
+	$(VPY) benchmarks/bench_engine.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
