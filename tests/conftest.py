@@ -1,9 +1,12 @@
-"""Shared fixtures: a real warm SandboxPool (module-scoped, to keep the suite fast)."""
+"""Shared fixtures: real warm SandboxPools (one per module for async tests, one per session for
+sync ones), to keep the suite fast."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -17,3 +20,35 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="full isolation nee
 async def pool() -> AsyncIterator[SandboxPool]:
     async with SandboxPool(2) as p:
         yield p
+
+
+class PoolThread:
+    """One SandboxPool living on its own event loop, callable from sync tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = SandboxPool()
+        self.loop.run_until_complete(self.pool.start())
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def all(self, coros: Any) -> list[Any]:
+        """Run coroutines concurrently on the pool's loop; results in order."""
+        async def gather() -> list[Any]:
+            return list(await asyncio.gather(*coros))
+        return self.loop.run_until_complete(gather())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[PoolThread]:
+    """A pool for sync tests (tests/security overrides ``sandbox`` with its own)."""
+    p = PoolThread()
+    try:
+        yield p
+    finally:
+        p.close()

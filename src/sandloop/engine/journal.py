@@ -10,7 +10,6 @@ handed to the caller. After a crash, ``done`` jobs are answered from here (never
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.store.sqlite import open_wal
 
 __all__ = ["Journal", "JournalError", "PendingJob", "job_key"]
 
@@ -85,26 +85,10 @@ class Journal:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                       timeout=30.0)
-            if self.path != ":memory:":
-                mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise JournalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-            # NORMAL in WAL mode: a commit survives a crash of this process (not power loss).
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_DDL)
-        except sqlite3.Error as e:
-            raise JournalError(f"cannot open engine journal {self.path}: {e}") from None
+        self._db = open_wal(self.path, _DDL, meta_table="engine_meta",
+                            schema_version=SCHEMA_VERSION, what="engine journal",
+                            error=JournalError, hint="use a new journal file")
         self._lock = threading.Lock()
-        row = self._db.execute("SELECT value FROM engine_meta WHERE key='schema'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO engine_meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise JournalError(
-                f"{self.path} has engine-journal schema {row[0]}, this version uses "
-                f"{SCHEMA_VERSION}; use a new journal file")
 
     # -- reads ----------------------------------------------------------------------------------
     def done(self, keys: Sequence[str]) -> dict[str, ExecResult]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from sandloop.store.sqlite import open_wal
 
 __all__ = ["ResultKey", "ResultStore", "StoreError"]
 
@@ -66,28 +67,9 @@ class ResultStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                       timeout=30.0)
-            # WAL: readers never block the writer, and a committed result survives a crash of
-            # the process; NORMAL sync is durable across process crashes (not power loss).
-            if self.path != ":memory:":
-                mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise StoreError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_DDL)
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open result store {self.path}: {e}") from None
+        self._db = open_wal(self.path, _DDL, meta_table="meta", schema_version=SCHEMA_VERSION,
+                            what="result store", error=StoreError, hint="use a new --db file")
         self._lock = threading.Lock()
-        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has result-store schema {row[0]}, this version uses "
-                f"{SCHEMA_VERSION}; use a new --db file"
-            )
 
     def get(self, key: ResultKey) -> dict[str, Any] | None:
         """The stored record for ``key``, or None."""
