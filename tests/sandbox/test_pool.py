@@ -63,3 +63,15 @@ def test_invalid_program_rejected() -> None:
         Program(source="", files={"/etc/passwd": "x"})
     with pytest.raises(ValueError, match=r"'\.\.'"):
         Program(source="", files={"a/../../x": "x"})
+
+
+async def test_configured_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    system_python = "/usr/bin/python3"
+    if not os.path.exists(system_python):
+        pytest.skip("no system python3")
+    monkeypatch.setenv("SANDLOOP_PYTHON", system_python)
+    async with SandboxPool(1) as pool:
+        r = await pool.run(Program(source="import sys; print(sys.executable)"))
+        shell = await pool.run(Program(language="bash", source="python -c 'import os, sys; print(os.path.realpath(sys.executable))'"))
+    assert r.status is Status.OK and r.stdout == f"{system_python}\n"
+    assert shell.stdout == f"{os.path.realpath(system_python)}\n"

@@ -552,5 +552,6 @@ def _recv_with_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def default_python() -> str:
-    """The interpreter that runs Python programs (and hosts the zygote): sandloop's own."""
-    return sys.executable
+    """The interpreter that runs Python programs (and hosts the zygote): ``$SANDLOOP_PYTHON``,
+    else sandloop's own. Any CPython >= 3.9 works; its site-packages are visible to programs."""
+    return os.environ.get("SANDLOOP_PYTHON") or sys.executable
