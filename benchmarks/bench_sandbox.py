@@ -126,7 +126,7 @@ async def main() -> None:
     cores = os.cpu_count() or 1
     n = args.runs
     print(f"sandloop sandbox benchmark: {n} runs each, concurrency = {cores} (cores)\n")
-    async with SandboxPool(cores) as pool:
+    async with SandboxPool(int(os.environ.get("BENCH_SLOTS", cores))) as pool:
         with tempfile.TemporaryDirectory() as tmp:
             ratios = {}
             for label, src in (("trivial", TRIVIAL), ("30-line solution + 5 asserts", SOLUTION)):

@@ -77,6 +77,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -203,6 +204,9 @@ class Zygote:
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
+        # "sl-zygote" in ps/top (children inherit it until they exec).
+        name = ctypes.create_string_buffer(b"sl-zygote")
+        _libc.prctl(PR_SET_NAME, ctypes.addressof(name), 0, 0, 0)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the supervisor is already gone
             os._exit(0)
