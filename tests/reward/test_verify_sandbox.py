@@ -122,6 +122,27 @@ def test_stdio_other_language_and_checker(sandbox: PoolThread) -> None:
     assert r_bad.reward == 0.0 and r_bad.verdict is Verdict.WRONG_ANSWER
 
 
+def test_stdio_compiled_language_compiles_once(sandbox: PoolThread) -> None:
+    calls: list[str] = []
+
+    async def counting_run(program: Program, limits: Limits) -> ExecResult:
+        calls.append(program.language)
+        return await sandbox.pool.run(program, limits)
+
+    v = Verifier(counting_run)
+    task = _stdio_task(language="cpp")
+    good = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}\n"
+    r = sandbox.run(v.verify(task, good))
+    assert r.reward == 1.0, r.tests
+    assert calls.count("bash") == 4 and len(calls) == 4  # one compile + one run per test
+    crash = "#include <cstdlib>\nint main(){std::abort();}\n"
+    broken = "int main(){ return undefined; }\n"
+    r_crash, r_broken = sandbox.all([v.verify(task, crash), v.verify(task, broken)])
+    assert r_crash.verdict is Verdict.RUNTIME_ERROR and r_crash.reward == 0.0
+    assert r_broken.verdict is Verdict.COMPILE_ERROR and r_broken.reward == 0.0
+    assert "undefined" in (r_broken.tests[0].detail or "")
+
+
 def test_unittest_and_pytest_style_scripts(sandbox: PoolThread) -> None:
     source = (
         "import unittest\n"

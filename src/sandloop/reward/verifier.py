@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import marshal
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from sandloop.reward.verdicts import (
     overall_verdict,
     shape_reward,
 )
+from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.tasks import CallTest, Checker, Comparison, IOTest, ScriptTest, Task
 from sandloop.tasks.values import ValueCodecError, decode
@@ -356,11 +358,20 @@ class Verifier:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
+        language, main_source = task.language, source
+        files: dict[str, str | bytes] = {}
+        if task.language in ("c", "cpp"):
+            # Compile once, then run each test in its own fresh sandbox on the same binary: a test
+            # cannot touch another's output, and the compiler runs once, not once per test.
+            built = await self._compile(task.language, source)
+            if isinstance(built, ExecResult):
+                return self._all_failed(task, tests, built), 1, {
+                    "sandbox_wall_s": round(built.wall_time_s, 6)}
+            language, main_source, files = "bash", "chmod +x ./main && exec ./main", {"main": built}
         runs = await asyncio.gather(*(
-            self._run_retrying(Program(language=task.language, source=source, stdin=t.stdin),
-                               limits)
-            for t in tests
-        ))
+            self._run_retrying(Program(language=language, source=main_source, files=files,
+                                       stdin=t.stdin), limits)
+            for t in tests))
         outcomes: list[_Judged] = []
         for t, (r, _) in zip(tests, runs, strict=True):
             hidden = task.is_hidden(t.name)
@@ -382,6 +393,31 @@ class Verifier:
                 outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
         timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r, _ in runs), 6)}
         return outcomes, max((a for _, a in runs), default=1), timings
+
+    async def _compile(self, language: str, source: str) -> bytes | ExecResult:
+        """The compiled program, or the failed (or infrastructure-failed) compile run."""
+        step = spec_for(language).compile
+        assert step is not None
+        spec = spec_for(language)
+        cmd = " ".join(shlex.quote(a) for a in step.argv)
+        limits = Limits(time_s=30, memory_mb=1024, stdout_bytes=64 << 20, stderr_bytes=1 << 16)
+        r, _ = await self._run_retrying(
+            Program(language="bash", source=f"exec {cmd}", files={spec.main_file: source},
+                    collect=[spec.binary]), limits)
+        binary = r.files.get(spec.binary)
+        if r.status is Status.OK and binary:
+            return binary
+        if r.status is Status.SANDBOX_ERROR:
+            return r
+        return r.model_copy(update={"status": Status.COMPILE_ERROR,
+                                    "stderr": r.stderr or "the compiler produced no program"})
+
+    @staticmethod
+    def _all_failed(task: Task, tests: Sequence[IOTest], r: ExecResult) -> list[_Judged]:
+        verdict = _missing_verdict(r)
+        detail = (r.error or r.stderr[-300:] or r.status.value)[:500]
+        return [(TestOutcome(name=t.name, verdict=verdict, hidden=task.is_hidden(t.name),
+                             weight=t.weight, detail=detail), None) for t in tests]
 
     # -- checkers ---------------------------------------------------------------------------
 
