@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml | $(DEB_STAMP)
 	@test -x $(VPY) || $$(command -v python3.11 || command -v python3) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
+	# verl's own sandbox_fusion client, for the compatibility test; --no-deps: not its torch/ray
+	$(VPY) -m pip install -q --no-deps 'verl>=0.4'
 	@touch $@
 
 deps: $(STAMP)
@@ -46,6 +48,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_sandbox.py
 	$(VPY) benchmarks/bench_score.py
 	$(VPY) benchmarks/bench_engine.py
+	$(VPY) benchmarks/bench_server.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

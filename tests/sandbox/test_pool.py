@@ -75,3 +75,35 @@ async def test_configured_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
         shell = await pool.run(Program(language="bash", source="python -c 'import os, sys; print(os.path.realpath(sys.executable))'"))
     assert r.status is Status.OK and r.stdout == f"{system_python}\n"
     assert shell.stdout == f"{os.path.realpath(system_python)}\n"
+
+
+async def test_pool_grows_under_demand_and_shrinks_when_idle() -> None:
+    import asyncio
+
+    async with SandboxPool(1, max_slots=3, idle_shrink_s=0.3) as pool:
+        assert pool.slots_now == 1
+        sleepers = [Program(source="import time; time.sleep(0.4)")] * 6
+        t = asyncio.get_running_loop().time()
+        rs = await pool.run_batch(sleepers, Limits(time_s=5))
+        assert all(r.status is Status.OK for r in rs)
+        assert pool.slots_now > 1
+        assert asyncio.get_running_loop().time() - t < 6 * 0.4  # ran in parallel
+        for _ in range(40):
+            await asyncio.sleep(0.1)
+            if pool.slots_now == 1:
+                break
+        assert pool.slots_now == 1
+        assert (await pool.run(Program(source="print(3)"))).stdout == "3\n"
+
+
+async def test_zygote_memory_growth_recycles_the_slot_injected(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fault injection: pretend the zygote's RSS grew past the bound.
+    from sandloop.sandbox.slot import Slot
+
+    async with SandboxPool(1, max_zygote_rss_mb=1) as pool:
+        slot = pool._slots[0]
+        first = slot.zygote_pid
+        monkeypatch.setattr(Slot, "zygote_rss_mb", lambda self: 10_000.0)
+        slot.runs = 63
+        assert (await pool.run(Program(source="print(1)"))).stdout == "1\n"
+        assert slot.zygote_pid != first

@@ -252,6 +252,52 @@ def demo() -> None:
                                    progress=sys.stderr.isatty(), by_kind=True))
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Listen address (non-loopback needs --api-keys-file).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    api_keys_file: Annotated[Path | None, typer.Option("--api-keys-file", help="Hashed API keys (see `sandloop add-key`).")] = None,
+    slots: Annotated[int | None, typer.Option(help="Sandbox slots; default: 2 x cores.")] = None,
+    no_isolation: NoIsolation = False,
+    journal: Annotated[Path | None, typer.Option(help="Durable jobs, resumed after a crash.")] = None,
+    db: Annotated[Path | None, typer.Option(help="Score results store.")] = None,
+    task_set: Annotated[list[str] | None, typer.Option("--task-set", help="Task sets to serve (repeatable).")] = None,
+    max_body_mb: Annotated[int, typer.Option(help="Largest request body.")] = 16,
+    log_level: Annotated[str, typer.Option(help="debug|info|warning|error")] = "info",
+) -> None:
+    """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
+    from sandloop.server.auth import KeysFileError
+    from sandloop.server.cli import serve_command
+
+    try:
+        serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
+                      tuple(task_set or ["humaneval"]), max_body_mb, log_level)
+    except (ValueError, KeysFileError) as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
+@app.command("add-key")
+def add_key(
+    keys_file: Annotated[Path, typer.Option("--keys-file", help="The keys file (created 0600 if missing).")],
+    key_id: Annotated[str, typer.Option("--id", help="A name for the key (its client id).")],
+    rate: Annotated[float | None, typer.Option(help="Runs per second (token bucket).")] = None,
+    burst: Annotated[float | None, typer.Option(help="Bucket size.")] = None,
+    max_runs: Annotated[int | None, typer.Option(help="Quota: total runs.")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(help="Runs in flight at once.")] = None,
+) -> None:
+    """Create an API key for `sandloop serve`; prints the token once (only its hash is stored)."""
+    from sandloop.server.auth import KeysFileError
+    from sandloop.server.auth import add_key as create
+
+    try:
+        print(create(keys_file, key_id, rate=rate, burst=burst, max_runs=max_runs,
+                     max_concurrent=max_concurrent))
+    except (ValueError, KeysFileError, OSError) as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

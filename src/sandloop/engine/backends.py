@@ -60,7 +60,7 @@ class LocalBackend:
 
     @property
     def slots(self) -> int:
-        return self.pool.size
+        return self.pool.max_size  # the pool grows to this under demand
 
     @property
     def retryable(self) -> bool:

@@ -225,7 +225,9 @@ class Engine:
     ) -> None:
         cores = os.cpu_count() or 1
         if backend is None:
-            backend = LocalBackend(SandboxPool(slots or 2 * cores, isolation=isolation))
+            # Warm at one slot per core, growing to ``slots`` (default 2 x cores) under demand.
+            n = slots or 2 * cores
+            backend = LocalBackend(SandboxPool(min(n, cores), max_slots=n, isolation=isolation))
         self.backend = backend
         self.max_attempts = max(1, max_attempts)
         self.retry_backoff_s = retry_backoff_s

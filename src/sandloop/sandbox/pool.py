@@ -8,6 +8,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,16 @@ class _SlotHandout:
                 self.release(fut.result())
             raise
 
+    def add(self, slot: Slot) -> None:
+        self.slot_waiters.setdefault(slot.index, collections.deque())
+        self.release(slot)
+
+    def remove(self, slot: Slot) -> None:
+        self.free.remove(slot)
+        self.slot_waiters.pop(slot.index, None)
+
     def release(self, slot: Slot) -> None:
+        slot.idle_since = time.monotonic()
         for queue in (self.slot_waiters[slot.index], self.any_waiters):
             while queue:
                 fut = queue.popleft()
@@ -138,12 +148,23 @@ class SandboxPool:
         python: str | None = None,
         uid_base: int = DEFAULT_UID_BASE,
         max_runs_per_slot: int = 5000,
+        max_slots: int | None = None,
+        idle_shrink_s: float = 30.0,
+        max_zygote_rss_mb: int = 256,
     ) -> None:
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(f"isolation must be one of {ISOLATION_LEVELS}, got {isolation!r}")
         self.size = slots if slots is not None else (os.cpu_count() or 1)
         if self.size < 1:
             raise ValueError("a pool needs at least one slot")
+        # Slots start warm at ``size``; under demand (runs waiting, none free) the pool grows to
+        # ``max_slots`` and shrinks back after ``idle_shrink_s`` of idleness.
+        self.max_size = max(self.size, max_slots or self.size)
+        self.idle_shrink_s = idle_shrink_s
+        self.max_zygote_rss_mb = max_zygote_rss_mb
+        self._growing = 0
+        self._shrinker: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[None]] = set()  # slots being added
         self.isolation = isolation
         self.python = python or default_python()
         self.uid_base = uid_base
@@ -174,7 +195,7 @@ class SandboxPool:
         cgroups.sweep_leftovers(backend, alive=set())
         base = host.run_base_dir()
         _sweep_stale_dirs(base)
-        self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.size)
+        self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.max_size)
         binds, symlinks = host.runtime_binds(self.python)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
@@ -188,8 +209,17 @@ class SandboxPool:
             await self.close()
             raise IsolationUnavailable(f"cannot start sandbox slots: {errors[0]}")
         self._free = _SlotHandout(self._slots)
+        if self.max_size > self.size:
+            self._shrinker = asyncio.create_task(self._shrink_idle())
 
     async def close(self) -> None:
+        if self._shrinker is not None:
+            self._shrinker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._shrinker
+            self._shrinker = None
+        self._started = False  # a slot still starting closes itself instead of joining
+        await asyncio.gather(*self._bg, return_exceptions=True)
         await asyncio.gather(*(s.close() for s in self._slots), return_exceptions=True)
         self._slots = []
         self._started = False
@@ -254,9 +284,18 @@ class SandboxPool:
 
     async def _acquire(self, want: Slot | None = None) -> Slot:
         assert self._free is not None
+        if want is None and not self._free.free and not self._growing \
+                and len(self._slots) < self.max_size:
+            self._growing += 1
+            task = asyncio.create_task(self._grow())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
         slot = await self._free.acquire(want)
-        # Recycle a broken slot, or a worn one that holds no workspace (a restart loses them).
-        if slot.broken or (slot.runs >= self.max_runs_per_slot and not slot.workspaces):
+        # Recycle a broken slot, or a worn one that holds no workspace (a restart loses them):
+        # after max_runs_per_slot runs, or when the zygote's memory grew (checked every 64 runs).
+        worn = slot.runs >= self.max_runs_per_slot or (
+            slot.runs % 64 == 63 and slot.zygote_rss_mb() > self.max_zygote_rss_mb)
+        if slot.broken or (worn and not slot.workspaces):
             await slot.close()
             try:
                 await slot.start()
@@ -264,6 +303,45 @@ class SandboxPool:
             except SlotBroken:
                 slot.broken = True
         return slot
+
+    async def _grow(self) -> None:
+        """Add one warm slot (demand exceeded the free slots)."""
+        assert self._config is not None and self._free is not None
+        try:
+            used = {s.index for s in self._slots}
+            index = next(i for i in range(self.max_size) if i not in used)
+            slot = Slot(index, self.uid_base + index, self.uid_base + index, self._config)
+            try:
+                await slot.start()
+            except SlotBroken:
+                return
+            if not self._started:  # closed meanwhile
+                await slot.close()
+                return
+            self._slots.append(slot)
+            self._free.add(slot)
+        finally:
+            self._growing -= 1
+
+    async def _shrink_idle(self) -> None:
+        """Close slots beyond ``size`` that stayed idle (and hold no workspace) for a while."""
+        assert self._free is not None
+        while True:
+            await asyncio.sleep(max(0.05, self.idle_shrink_s / 4))
+            now = time.monotonic()
+            for slot in list(self._free.free):
+                if len(self._slots) <= self.size:
+                    break
+                if slot.workspaces or now - slot.idle_since < self.idle_shrink_s:
+                    continue
+                self._free.remove(slot)
+                self._slots.remove(slot)
+                await slot.close()
+
+    @property
+    def slots_now(self) -> int:
+        """How many slots are running at the moment (between ``size`` and ``max_size``)."""
+        return len(self._slots)
 
     async def _run_isolated(self, program: Program, limits: Limits) -> ExecResult:
         """Run on a free slot; raises SlotBroken when the slot failed (the caller retries)."""

@@ -157,6 +157,7 @@ class Slot:
         self._held_ns: list[int] = []
         self.workspaces: set[str] = set()  # persistent work dirs living in this zygote
         self.generation = 0  # bumped at every (re)start: workspaces do not survive one
+        self.idle_since = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -221,6 +222,17 @@ class Slot:
     def zygote_pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def zygote_rss_mb(self) -> float:
+        """The zygote's resident memory (it should not grow: it never runs programs)."""
+        try:
+            with open(f"/proc/{self.zygote_pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except (OSError, AssertionError):
+            pass
+        return 0.0
 
     @property
     def works_root(self) -> str:

@@ -1,0 +1,110 @@
+"""Drive SandboxFusion's /run_code on a live `sandloop serve` with the 164 HumanEval reference
+programs (prompt + canonical solution + tests + check) at concurrency 1, 8 and 32.
+
+Prints runs/s and p50/p99 latency per concurrency (full isolation). The server runs in its own
+process (python -m sandloop.server serve) on 127.0.0.1; the client is httpx (async).
+
+    .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--concurrency 1 8 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+from sandloop.tasks.loaders import humaneval_path
+
+
+def programs() -> list[str]:
+    out = []
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
+        for line in f:
+            t = json.loads(line)
+            out.append(t["prompt"] + t["canonical_solution"] + "\n" + t["test"] +
+                       f"\ncheck({t['entry_point']})\n")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, list[float], int]:
+    lat: list[float] = []
+    bad = 0
+    it = iter(codes)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal bad
+            for code in it:
+                t0 = time.perf_counter()
+                r = await client.post(url, json={"code": code, "language": "python",
+                                                 "run_timeout": 10, "memory_limit_MB": 1024})
+                lat.append(time.perf_counter() - t0)
+                if r.status_code != 200 or r.json()["status"] != "Success":
+                    bad += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - t0, lat, bad
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs)) - 1))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2, help="passes over the 164 programs")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--slots", type=int, default=None)
+    a = ap.parse_args()
+    port = free_port()
+    cmd = [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port),
+           "--log-level", "warning"]
+    if a.slots:
+        cmd += ["--slots", str(a.slots)]
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("server did not become ready")
+            time.sleep(0.1)
+        codes = programs() * a.rounds
+        asyncio.run(drive(f"{base}/run_code", programs()[:16], 4))  # warm-up
+        print(f"sandloop serve /run_code, HumanEval references ({len(codes)} runs per level), "
+              f"full isolation, {os.cpu_count()} cores")
+        print(f"{'concurrency':>11} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6}")
+        for c in a.concurrency:
+            wall, lat, bad = asyncio.run(drive(f"{base}/run_code", codes, c))
+            print(f"{c:>11} {len(codes) / wall:>8.1f} {statistics.median(lat) * 1e3:>8.1f} "
+                  f"{pct(lat, 99) * 1e3:>8.1f} {bad:>6}")
+    finally:
+        srv.terminate()
+        srv.wait(30)
+
+
+if __name__ == "__main__":
+    main()

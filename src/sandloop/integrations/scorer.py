@@ -1,0 +1,174 @@
+"""Score (label, completion) pairs: in this process (an embedded engine) or via ``sandloop serve``.
+
+The embedded engine lives on its own event-loop thread, so one ``Scorer`` serves sync callers
+(verl's ``compute_score``, OpenRLHF's ``reward_func``) and async ones (TRL's async reward
+functions) from any thread or loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sandloop.engine import Engine
+from sandloop.integrations.tasks import resolve_task
+from sandloop.reward import CompletionResult, RewardConfig, Verifier
+from sandloop.tasks import Task, load_tasks
+
+__all__ = ["ScoreItem", "Scorer"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One completion and the label (task id, task record or tests) it is scored against."""
+
+    label: Any
+    completion: str
+    completion_id: str | None = None
+    language: str | None = None
+
+
+class Scorer:
+    """Scores completions with sandloop's verifiers.
+
+    ``url``: a ``sandloop serve`` base URL (``http://host:8080``); without it an engine runs in
+    this process (``slots``, ``isolation``). ``task_sets``: task sets whose ids labels may name
+    (built-in names or JSONL paths; local mode); ``tasks``: extra tasks. ``reward``: how tests
+    become a reward (binary by default; ``RewardConfig(mode="fraction")`` for partial credit).
+    """
+
+    def __init__(self, *, url: str | None = None, api_key: str | None = None,
+                 task_sets: Sequence[str] = (), tasks: Iterable[Task] = (),
+                 reward: RewardConfig | None = None, slots: int | None = None,
+                 isolation: str = "full", priority: str | int = "train",
+                 client: str = "trainer", concurrency: int = 64,
+                 request_timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/") if url else None
+        self.api_key = api_key
+        self.reward = reward or RewardConfig()
+        self.slots = slots
+        self.isolation = isolation
+        self.priority = priority
+        self.client = client
+        self.concurrency = concurrency
+        self.request_timeout_s = request_timeout_s
+        self.task_sets = tuple(task_sets)
+        self._tasks: dict[str, Task] = {t.id: t for t in tasks}
+        self._sets_loaded = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._engine: Engine | None = None
+        self._verifier: Verifier | None = None
+        self._lock = threading.Lock()
+
+    # -- tasks -----------------------------------------------------------------------------
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        if not self._sets_loaded:
+            with self._lock:
+                if not self._sets_loaded:
+                    for name in self.task_sets:
+                        for t in load_tasks(name):
+                            self._tasks.setdefault(t.id, t)
+                    self._sets_loaded = True
+        return self._tasks
+
+    # -- the engine's loop thread ------------------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="sandloop-scorer",
+                                     daemon=True)
+                t.start()
+                self._loop, self._thread = loop, t
+            return self._loop
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    async def _start_engine(self) -> Verifier:
+        if self._verifier is None:
+            engine = Engine(slots=self.slots, isolation=self.isolation, max_attempts=1)
+            await engine.start()
+            self._engine = engine
+            self._verifier = Verifier(engine.runner(priority=self.priority, client=self.client),
+                                      reward=self.reward)
+        return self._verifier
+
+    async def _score_local(self, pairs: list[tuple[Task, ScoreItem]]) -> list[CompletionResult]:
+        verifier = await self._start_engine()
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(task: Task, item: ScoreItem) -> CompletionResult:
+            async with sem:
+                return await verifier.verify(task, item.completion, item.completion_id)
+
+        return list(await asyncio.gather(*(one(t, i) for t, i in pairs)))
+
+    # -- remote ------------------------------------------------------------------------------
+    async def _score_remote(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {
+            "items": [{"task": i.label, "completion": i.completion,
+                       "completion_id": i.completion_id, "language": i.language}
+                      for i in items],
+            "reward": self.reward.model_dump(mode="json"),
+            "priority": self.priority,
+        }
+        async with httpx.AsyncClient(timeout=self.request_timeout_s) as client:
+            for attempt in range(5):
+                resp = await client.post(f"{self.url}/v1/score", json=body, headers=headers)
+                if resp.status_code in (429, 503) and attempt < 4:
+                    await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+                    continue
+                break
+        if resp.status_code != 200:
+            raise RuntimeError(f"sandloop server answered {resp.status_code}: {resp.text[:500]}")
+        return [CompletionResult.model_validate(r) for r in resp.json()["results"]]
+
+    # -- public ------------------------------------------------------------------------------
+    async def ascore(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
+        """Score ``items`` (results in order); usable from any event loop."""
+        if self.url is not None:
+            return await self._score_remote(items)
+        tasks = self.tasks
+        pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
+        return await asyncio.wrap_future(self._call(self._score_local(pairs)))
+
+    def score(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
+        """Blocking form of :meth:`ascore` (not from inside the engine's own loop)."""
+        if self.url is not None:
+            return asyncio.run(self._score_remote(items))
+        tasks = self.tasks
+        pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
+        return self._call(self._score_local(pairs)).result()
+
+    def close(self) -> None:
+        """Stop the embedded engine (its slots) and its loop thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._engine.close(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop = self._thread = None
+        self._engine = self._verifier = None
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,62 @@
+"""TRL: an async ``reward_funcs`` entry for ``GRPOTrainer``.
+
+TRL calls reward functions as ``f(prompts=..., completions=..., completion_ids=...,
+trainer_state=..., log_extra=..., log_metric=..., **dataset_columns)`` and gathers async ones
+concurrently. The dataset column named ``label_column`` (default: the first of ``task_id``,
+``task``, ``tests``, ``ground_truth``, ``verification_info`` present) carries a task id or the
+tests. An infrastructure failure gives ``None`` (TRL excludes that sample), never 0.
+
+    from sandloop.integrations.trl import sandloop_reward
+    trainer = GRPOTrainer(model, reward_funcs=[sandloop_reward()], train_dataset=ds, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from sandloop.integrations._common import default_scorer, pass_fraction
+from sandloop.integrations.scorer import ScoreItem, Scorer
+
+__all__ = ["LABEL_COLUMNS", "completion_text", "sandloop_reward"]
+
+LABEL_COLUMNS = ("task_id", "task", "tests", "ground_truth", "verification_info")
+
+
+def completion_text(c: Any) -> str:
+    """A completion in TRL's standard (str) or conversational (list of messages) format."""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, Sequence) and c and isinstance(c[-1], dict):
+        return str(c[-1].get("content") or "")
+    return str(c)
+
+
+def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = None,
+                    language_column: str = "language",
+                    ) -> Callable[..., Awaitable[list[float | None]]]:
+    """The reward function (named ``sandloop_reward`` in TRL's logs)."""
+
+    async def sandloop_reward(prompts: list[Any] | None = None,
+                              completions: list[Any] | None = None,
+                              completion_ids: list[Any] | None = None,
+                              **kwargs: Any) -> list[float | None]:
+        comps = completions or []
+        col = label_column or next((c for c in LABEL_COLUMNS if c in kwargs), None)
+        if col is None or col not in kwargs:
+            raise KeyError(f"no label column among the dataset columns {sorted(kwargs)}; "
+                           f"add one of {LABEL_COLUMNS} or pass label_column=")
+        labels = kwargs[col]
+        langs = kwargs.get(language_column) or [None] * len(comps)
+        s = scorer or default_scorer()
+        results = await s.ascore([
+            ScoreItem(label=lab, completion=completion_text(c), language=lang)
+            for lab, c, lang in zip(labels, comps, langs, strict=True)])
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric) and results:
+            log_metric("sandloop/pass_fraction",
+                       sum(pass_fraction(r) for r in results) / len(results))
+            log_metric("sandloop/infra_failures", float(sum(r.reward is None for r in results)))
+        return [r.reward for r in results]
+
+    return sandloop_reward

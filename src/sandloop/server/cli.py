@@ -1,0 +1,41 @@
+"""``sandloop serve``: run the HTTP service with uvicorn (registered by cli/main.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandloop.server.auth import KeyStore
+from sandloop.server.config import ServerConfig, check_bind
+
+__all__ = ["serve_command"]
+
+
+def serve_command(
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_keys_file: Path | None = None,
+    slots: int | None = None,
+    no_isolation: bool = False,
+    journal: Path | None = None,
+    db: Path | None = None,
+    task_sets: tuple[str, ...] = ("humaneval",),
+    max_body_mb: int = 16,
+    log_level: str = "info",
+) -> None:
+    """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
+    ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
+    non-loopback ``host`` without API keys, KeysFileError for a bad keys file."""
+    import uvicorn
+
+    from sandloop.server.app import create_app
+    from sandloop.server.observability import configure_logging
+
+    keys = KeyStore.load(api_keys_file)
+    check_bind(host, keys.enabled)
+    config = ServerConfig(host=host, port=port, keys_file=api_keys_file, slots=slots,
+                          isolation="none" if no_isolation else "full", journal=journal, db=db,
+                          task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20)
+    configure_logging(log_level)
+    app = create_app(config, keys=keys)
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
+                log_level=log_level, timeout_graceful_shutdown=int(config.graceful_shutdown_s))

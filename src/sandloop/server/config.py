@@ -1,0 +1,50 @@
+"""Server configuration, and the rule that a server without API keys listens on loopback only."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ServerConfig", "check_bind", "is_loopback"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``sandloop serve`` can be told. Limits guard the service from its callers."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    keys_file: Path | None = None
+    slots: int | None = None
+    isolation: str = "full"
+    journal: Path | None = None  # durable jobs: accepted work survives a restart
+    db: Path | None = None  # score results store (reused across requests and restarts)
+    task_sets: tuple[str, ...] = ("humaneval",)
+    max_body_bytes: int = 16 << 20
+    max_batch: int = 1024
+    max_score_items: int = 1024
+    max_time_s: float = 300.0
+    max_memory_mb: int = 8192
+    max_output_bytes: int = 8 << 20  # per stream (stdout, stderr) of one run
+    max_workdir_mb: int = 1024
+    default_sf_memory_mb: int = 1024  # SandboxFusion's memory_limit_MB=-1 ("unlimited")
+    graceful_shutdown_s: float = 30.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, keys_enabled: bool) -> None:
+    """Refuse to listen beyond loopback without API keys (raises ValueError)."""
+    if not keys_enabled and not is_loopback(host):
+        raise ValueError(
+            f"refusing to listen on {host!r} without API keys: anyone who can reach it could "
+            "run code. Create keys (sandloop add-key --keys-file keys.json "
+            "--id NAME) and pass --api-keys-file, or listen on 127.0.0.1")

@@ -1,0 +1,182 @@
+"""Operations: Prometheus metrics, JSON logs with request ids, request-size limits (pure ASGI)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from fastapi import HTTPException
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from sandloop.engine import Engine
+
+__all__ = ["JsonFormatter", "Metrics", "RequestMiddleware", "configure_logging", "log"]
+
+log = logging.getLogger("sandloop.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and any ``extra`` fields."""
+
+    _skip = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3), "level": record.levelname.lower(),
+            "logger": record.name, "msg": record.getMessage(),
+        }
+        for k, v in vars(record).items():
+            if k not in self._skip and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    for name in ("sandloop.server", "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.setLevel(level.upper())
+        lg.propagate = False
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Callable[[], Engine | None]) -> None:
+        self._engine = engine
+
+    def collect(self) -> list[Metric]:
+        engine = self._engine()
+        if engine is None:
+            return []
+        s = engine.snapshot()
+        out: list[Metric] = []
+        for name, doc, value in (
+            ("sandloop_queue_depth", "jobs waiting for a slot", s.queued),
+            ("sandloop_slots_busy", "slots running a job", s.running),
+            ("sandloop_slots", "sandbox slots", engine.backend.slots),
+            ("sandloop_sessions_open", "open sessions", s.sessions),
+            ("sandloop_engine_retried", "infrastructure retries since start", s.retried),
+            ("sandloop_engine_infra_failures", "jobs that ended sandbox_error after retries",
+             s.infra_failures),
+            ("sandloop_engine_completed", "jobs completed since start", s.completed),
+        ):
+            out.append(GaugeMetricFamily(name, doc, value=value))
+        return out
+
+
+class Metrics:
+    """The server's Prometheus registry (one per app, so tests can run several)."""
+
+    def __init__(self, engine: Callable[[], Engine | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("sandloop_http_requests", "HTTP requests",
+                                ["route", "method", "code"], registry=r)
+        self.request_seconds = Histogram("sandloop_http_request_seconds", "HTTP request latency",
+                                         ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.runs = Counter("sandloop_runs", "sandbox runs by status", ["status"], registry=r)
+        self.run_seconds = Histogram("sandloop_run_seconds", "sandbox run wall time",
+                                     ["language"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.verdicts = Counter("sandloop_verdicts", "scored completions by verdict",
+                                ["verdict"], registry=r)
+        self.infra_failures = Counter("sandloop_infra_failures",
+                                      "results that are sandbox_error (infrastructure)",
+                                      registry=r)
+        self.refused = Counter("sandloop_refused", "requests refused", ["reason"], registry=r)
+        r.register(_EngineCollector(engine))
+
+
+class RequestMiddleware:
+    """Request ids (``X-Request-ID``), body-size limit (413), metrics and one JSON log line per
+    request. The path is not logged for ``/k/<key>/...`` routes (the key is in the URL)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for k, v in scope.get("headers", []):
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")[:64]
+            elif k == b"content-length":
+                try:
+                    too_big = int(v) > self.max_body
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    self.metrics.refused.labels("body_too_large").inc()
+                    await _send_json(send, 413, {"error": f"request body exceeds "
+                                                 f"{self.max_body} bytes"})
+                    return
+        rid = rid or uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+        seen = 0
+        max_body = self.max_body
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > max_body:
+                    raise HTTPException(413, f"request body exceeds {max_body} bytes")
+            return msg
+
+        code = 500
+        t0 = time.perf_counter()
+
+        async def send_wrapped(msg: Message) -> None:
+            nonlocal code
+            if msg["type"] == "http.response.start":
+                code = msg["status"]
+                msg.setdefault("headers", [])
+                msg["headers"] = [*msg["headers"], (b"x-request-id", rid.encode())]
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, send_wrapped)
+        finally:
+            elapsed = time.perf_counter() - t0
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(path, scope["method"], str(code)).inc()
+            self.metrics.request_seconds.labels(path).observe(elapsed)
+            client = scope.get("client") or ("-", 0)
+            log.info("request", extra={
+                "request_id": rid, "method": scope["method"], "route": path,
+                "status": code, "duration_s": round(elapsed, 6), "client": client[0],
+                "key_id": scope["state"].get("key_id"),
+            })
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

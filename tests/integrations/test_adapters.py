@@ -1,0 +1,68 @@
+"""Trainer adapters, called the way each trainer calls them (real sandboxes, real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+
+from live import LiveServer
+
+from sandloop.integrations import Scorer
+from sandloop.integrations import verl as verl_adapter
+from sandloop.integrations.openrlhf import reward_func
+from sandloop.integrations.trl import sandloop_reward
+from sandloop.server import ServerConfig
+
+SUM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+IO = json.dumps({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]})
+HE0 = ("def has_close_elements(numbers, threshold):\n    return any(abs(a - b) < threshold "
+       "for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+
+
+def test_trl_async_reward_local() -> None:
+    metrics: dict[str, float] = {}
+    with Scorer(task_sets=("humaneval",), slots=2) as scorer:
+        f = sandloop_reward(scorer)
+        assert f.__name__ == "sandloop_reward"
+
+        async def trainer_calls() -> list[float | None]:
+            # As GRPOTrainer._calculate_rewards does: keyword arguments, dataset columns as lists.
+            return await f(prompts=["p1", "p2", "p3"],
+                           completions=[[{"role": "assistant", "content": SUM}], "print(0)",
+                                        HE0],
+                           completion_ids=[[1], [2], [3]], trainer_state=None,
+                           log_extra=lambda *a: None,
+                           log_metric=lambda k, v: metrics.__setitem__(k, v),
+                           task_id=[IO, IO, "HumanEval/0"])
+
+        assert asyncio.run(trainer_calls()) == [1.0, 0.0, 1.0]
+    assert "sandloop/pass_fraction" in metrics
+
+
+def test_verl_and_openrlhf_via_server(server: LiveServer, monkeypatch: Any) -> None:
+    monkeypatch.setenv("SANDLOOP_URL", server.url)
+    # verl NaiveRewardManager: compute_score(data_source=, solution_str=, ground_truth=, extra_info=)
+    out = verl_adapter.compute_score(data_source="codecontests", solution_str=SUM,
+                                     ground_truth=IO, extra_info={"index": 0})
+    assert out["score"] == 1.0 and out["pass_fraction"] == 1.0
+    # verl BatchRewardManager: plural keyword names.
+    outs = verl_adapter.compute_score_batch(
+        data_sources=["apps", "humaneval"], solution_strs=["print(1)", HE0],
+        ground_truths=[IO, "HumanEval/0"], extra_infos=[{}, {}])
+    assert [o["score"] for o in outs] == [0.0, 1.0]
+    # OpenRLHF reward function file: reward_func(queries, prompts, labels).
+    res = reward_func(queries=["Q:" + SUM + "<|im_end|>"], prompts=["Q:"], labels=[IO])
+    assert list(res["rewards"]) == [1.0] and "pass_fraction" in res["extra_logs"]
+
+
+def test_remote_scorer_uses_score_endpoint() -> None:
+    with LiveServer(ServerConfig(slots=2, task_sets=())) as srv:
+        s = Scorer(url=srv.url)
+        (r,) = s.score([__import__("sandloop.integrations", fromlist=["ScoreItem"])
+                        .ScoreItem(label=IO, completion=SUM)])
+        assert r.reward == 1.0 and r.verdict.value == "passed"

@@ -1,0 +1,48 @@
+"""Run a real sandloop server on 127.0.0.1 in a thread (uvicorn), for tests and benchmarks."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from sandloop.server import KeyStore, ServerConfig, create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, config: ServerConfig | None = None, keys_file: Path | None = None) -> None:
+        port = free_port()
+        base = config or ServerConfig()
+        self.config = ServerConfig(**{**vars(base), "port": port, "keys_file": keys_file})
+        self.app = create_app(self.config, keys=KeyStore.load(keys_file))
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(
+            self.app, host="127.0.0.1", port=port, log_config=None, access_log=False,
+            log_level="warning", timeout_graceful_shutdown=10))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        return self.app.state.sandloop
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
