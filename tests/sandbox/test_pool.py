@@ -107,3 +107,27 @@ async def test_zygote_memory_growth_recycles_the_slot_injected(monkeypatch: pyte
         slot.runs = 63
         assert (await pool.run(Program(source="print(1)"))).stdout == "1\n"
         assert slot.zygote_pid != first
+
+
+async def test_cancelled_run_is_killed_before_the_slot_is_reused() -> None:
+    import asyncio
+
+    async with SandboxPool(1) as pool:
+        task = asyncio.create_task(pool.run(Program(source="import time; time.sleep(30)"),
+                                            Limits(time_s=60)))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        uid = str(pool.uid_base)
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    if next(ln for ln in f if ln.startswith("Uid:")).split()[1] == uid:
+                        left.append(pid)
+            except (OSError, StopIteration):
+                continue
+        assert left == []
+        r = await pool.run(Program(source="print('next')"))
+        assert r.stdout == "next\n" and r.wall_time_s < 5

@@ -128,7 +128,7 @@ class _Job:
     """One unit of scheduling (kept small: 100,000 of them may wait at once)."""
 
     __slots__ = ("attempts", "client", "cpus", "deadline", "future", "id", "key", "limits",
-                 "memory_mb", "priority", "program", "timer", "waiters", "workspace")
+                 "memory_mb", "priority", "program", "task", "timer", "waiters", "workspace")
 
     def __init__(self, jid: int, program: Program, limits: Limits, priority: int, client: str,
                  memory_mb: int, future: asyncio.Future[ExecResult]) -> None:
@@ -143,6 +143,7 @@ class _Job:
         self.key: str | None = None
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
         self.attempts = 0
         self.waiters = 0
         self.workspace: Any = None
@@ -177,8 +178,8 @@ class JobHandle:
     def cancel(self) -> bool:
         """Withdraw this handle's interest; the job is cancelled when no one else waits on it.
 
-        A queued job then never runs; a running one finishes (bounded by its limits) and its
-        result is dropped. Returns whether the job was cancelled.
+        A queued job then never runs; a running one is killed (its sandbox run is cancelled and
+        every process of it ended before the slot is reused). Returns whether it was cancelled.
         """
         return self._engine._release_waiter(self._job)
 
@@ -707,6 +708,7 @@ class Engine:
             adm.acquire(job)
             self.stats.running += 1
             task = self._loop.create_task(self._execute(job))
+            job.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -731,6 +733,10 @@ class Engine:
         except WorkspaceLost as e:
             lost = SessionLost(f"the session's sandbox was lost: {e}; open a new session")
             result = ExecResult.sandbox_error(str(e))
+        except asyncio.CancelledError:
+            # Withdrawn while running (or the engine is closing): the sandbox layer has killed
+            # the run; its journal entry stays unfinished, so resume() would run it again.
+            result = None
         except Exception as e:  # a backend bug or crash is an infrastructure failure
             result = ExecResult.sandbox_error(f"backend failed: {type(e).__name__}: {e}")
         finally:
@@ -738,6 +744,8 @@ class Engine:
             self._admission.release(job)
             self.stats.running -= 1
         self._pump()
+        if result is None:
+            return
         if lost is not None:
             self._fail(job, lost)
             return
@@ -805,6 +813,11 @@ class Engine:
         if job.waiters <= 0 and not job.future.done():
             self._forget(job)
             job.future.cancel()
+            if job.task is not None and not job.task.done():
+                # A running job: no one wants its result, free its slot. Deferred one loop
+                # turn, so a task created this turn has started (and will run its cleanup).
+                task = job.task
+                asyncio.get_running_loop().call_soon(task.cancel)
             return True
         return False
 

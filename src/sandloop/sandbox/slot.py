@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,24 @@ class Slot:
     async def _request(self, msg: dict[str, Any], fds: list[int] = (), timeout: float = 10.0) -> dict[str, Any]:  # type: ignore[assignment]
         if self.sock is None or self.broken:
             raise SlotBroken(f"slot {self.index} is not running")
+        try:
+            return await self._exchange(msg, fds, timeout)
+        except asyncio.CancelledError:
+            # The zygote's reply would arrive for the next request, and a child it may have
+            # started is not watched: end both now; the pool restarts the slot.
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Kill the zygote (its children die with it) and mark the slot for a restart."""
+        self.broken = True
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def _exchange(self, msg: dict[str, Any], fds: list[int] | tuple[int, ...],
+                        timeout: float) -> dict[str, Any]:
+        assert self.sock is not None
         payload = json.dumps(msg).encode()
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
@@ -449,17 +468,17 @@ class Slot:
         loop.add_reader(status.fd, status.on_readable, lambda n: None)
         deadline = start + limits.wall_s
         try:
-            while not status.eof.done():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    kill("wall")
-                    break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(status.eof), min(remaining, 0.1))
+            try:
+                await _watch_run(status, deadline, limits, cg, base, kill)
+            except asyncio.CancelledError:
+                # The caller gave up (a client went away): the run must not outlive the request
+                # nor share the slot with the next one. Kill it and wait for it, then re-raise.
+                kill("cancelled")
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(status.eof), 5.0)
                 if not status.eof.done():
-                    with contextlib.suppress(OSError):
-                        if cg.stats(base).cpu_s > limits.cpu_s:
-                            kill("cpu")
+                    self.abandon()
+                raise
             if not status.eof.done():
                 # Killed: the zygote reaps the child and closes the status pipe.
                 try:
@@ -495,6 +514,23 @@ class Slot:
         if out.wait_status is None and out.infra_error is None:
             self.broken = True
             out.infra_error = "the zygote did not report the run's exit status"
+
+
+async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: SlotCgroup,
+                     base: Any, kill: Callable[[str], None]) -> None:
+    """Wait for the run to end, killing it at the wall deadline or past its CPU budget."""
+    while not status.eof.done():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            kill("wall")
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(status.eof), min(remaining, 0.1))
+        if not status.eof.done():
+            with contextlib.suppress(OSError):
+                if cg.stats(base).cpu_s > limits.cpu_s:
+                    kill("cpu")
+                    return
 
 
 def _parse_status(buf: bytes, out: StepOutcome) -> None:

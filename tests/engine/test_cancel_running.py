@@ -1,0 +1,25 @@
+"""Withdrawing a running job kills its sandbox run and frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine_helpers import assert_none_left, sandbox_processes
+
+from sandloop import Engine, Limits, Program, Status
+
+
+async def test_cancelling_a_running_job_kills_it_and_frees_the_slot() -> None:
+    before = sandbox_processes()
+    async with Engine(slots=1) as engine:
+        handle = await engine.submit(Program(source="import time; time.sleep(60)"),
+                                     Limits(time_s=120))
+        await asyncio.sleep(0.8)  # running by now
+        assert handle.cancel()
+        t = time.monotonic()
+        r = await engine.run(Program(source="print('after')"), Limits(time_s=10))
+        assert r.status is Status.OK and r.stdout == "after\n"
+        assert time.monotonic() - t < 10  # the slot did not wait for the 60 s sleeper
+        assert engine.snapshot().running == 0
+    assert_none_left(before)
