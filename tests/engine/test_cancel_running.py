@@ -23,3 +23,15 @@ async def test_cancelling_a_running_job_kills_it_and_frees_the_slot() -> None:
         assert time.monotonic() - t < 10  # the slot did not wait for the 60 s sleeper
         assert engine.snapshot().running == 0
     assert_none_left(before)
+
+
+async def test_engine_pool_scales_between_min_and_max_slots() -> None:
+    before = sandbox_processes()
+    async with Engine(slots=3, min_slots=1) as engine:
+        pool = engine.backend.pool  # type: ignore[attr-defined]
+        assert pool.slots_now == 1
+        progs = [Program(source="import time; time.sleep(0.5)")] * 6
+        results = [r async for _, r in engine.stream(progs, Limits(time_s=5, cpus=0.25))]
+        assert all(r.status is Status.OK for r in results)
+        assert pool.slots_now > 1
+    assert_none_left(before)

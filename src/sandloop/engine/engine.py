@@ -201,8 +201,10 @@ class Engine:
     pack more densely), 75 % of host memory as the memory budget, a queue of 100,000 jobs, three
     attempts for infrastructure failures, no journal (pass ``journal=path`` for durability).
     Jobs of priority >= ``PRIORITIES["eval"]`` have a reserve: one slot ordinary jobs never take
-    (``reserve_slots``, default 1 with 4+ slots) and ``reserve_cpus`` of CPU overcommit, so an eval run starts at once
-    even while a training flood saturates the engine.
+    (``reserve_slots``, default 1 with 4+ slots) and ``reserve_cpus`` of CPU overcommit, so an
+    eval run starts at once even while a training flood saturates the engine. ``min_slots``
+    keeps only that many slots warm; the pool then grows to ``slots`` under demand and shrinks
+    back when idle (cheaper at rest; the first runs of a burst wait for new slots).
     """
 
     def __init__(
@@ -210,6 +212,7 @@ class Engine:
         backend: Backend | None = None,
         *,
         slots: int | None = None,
+        min_slots: int | None = None,
         isolation: str = "full",
         cpus: float | None = None,
         memory_mb: int | None = None,
@@ -226,9 +229,11 @@ class Engine:
     ) -> None:
         cores = os.cpu_count() or 1
         if backend is None:
-            # Warm at one slot per core, growing to ``slots`` (default 2 x cores) under demand.
+            # ``slots`` (default 2 x cores) warm slots; with ``min_slots``, only that many stay
+            # warm and the pool grows to ``slots`` under demand (a new slot takes ~0.2 s).
             n = slots or 2 * cores
-            backend = LocalBackend(SandboxPool(min(n, cores), max_slots=n, isolation=isolation))
+            warm = n if min_slots is None else max(1, min(min_slots, n))
+            backend = LocalBackend(SandboxPool(warm, max_slots=n, isolation=isolation))
         self.backend = backend
         self.max_attempts = max(1, max_attempts)
         self.retry_backoff_s = retry_backoff_s
