@@ -482,7 +482,11 @@ class Engine:
         """
         self._check_open()
         job = self._make_job(program, limits, priority, client, key, timeout_s)
-        job = await self._submit(job, block)
+        return await self._await_job(await self._submit(job, block))
+
+    async def _await_job(self, job: _Job) -> ExecResult:
+        """Wait for ``job``'s result; a caller that gives up withdraws its interest (and the job,
+        running or not, when no one else waits on it)."""
         job.waiters += 1
         try:
             return await asyncio.shield(job.future)
@@ -672,13 +676,7 @@ class Engine:
         self._check_open()
         job = self._make_job(program, limits, s.priority, s.client, None, timeout_s)
         job.workspace = s.workspace
-        await self._submit(job, True)
-        job.waiters += 1
-        try:
-            return await asyncio.shield(job.future)
-        except asyncio.CancelledError:
-            self._release_waiter(job)
-            raise
+        return await self._await_job(await self._submit(job, True))
 
     async def _reap_loop(self) -> None:
         while True:

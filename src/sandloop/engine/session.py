@@ -10,14 +10,17 @@ older than ``ttl_s``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandloop.engine.errors import SessionClosed, SessionExpired, SessionLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, check_relative_path
 from sandloop.sandbox.pool import WorkspaceLost
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from sandloop.engine.engine import Engine
@@ -121,23 +124,26 @@ class Session:
         """Create or replace files (paths relative to the work dir)."""
         for name in files:
             check_relative_path(name)
-        self._enter()
-        try:
-            await self.engine.backend.write_files(self.workspace, files)
-        except WorkspaceLost as e:
-            self._ended = "lost: its sandbox slot died"
-            self.engine._session_gone(self)
-            raise SessionLost(f"session {self.id} lost its files: {e}") from e
-        finally:
-            self._leave()
+        await self._on_workspace(self.engine.backend.write_files(self.workspace, files))
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         """Regular files among ``paths`` (missing files, symlinks and specials are left out)."""
         for name in paths:
             check_relative_path(name)
-        self._enter()
+        files: dict[str, bytes] = await self._on_workspace(
+            self.engine.backend.read_files(self.workspace, paths))
+        return files
+
+    async def _on_workspace(self, op: Awaitable[T]) -> T:
+        """Run a file operation on the session's workspace; a lost workspace ends the session."""
         try:
-            return await self.engine.backend.read_files(self.workspace, paths)
+            self._enter()
+        except BaseException:
+            if inspect.iscoroutine(op):
+                op.close()  # never started: no "never awaited" warning
+            raise
+        try:
+            return await op
         except WorkspaceLost as e:
             self._ended = "lost: its sandbox slot died"
             self.engine._session_gone(self)
