@@ -22,3 +22,15 @@ def test_sync_wrapper() -> None:
             assert s.run("cat a.txt").stdout == "x"
     assert_none_left(before)
 
+
+
+def test_sync_engine_starts_on_first_use_without_with() -> None:
+    from sandloop import Program, SyncEngine
+
+    eng = SyncEngine(slots=1)
+    try:
+        assert [r.stdout for r in eng.map([Program(source="print(5)"),
+                                           Program(source="print(6)")])] == ["5\n", "6\n"]
+        assert eng.run(Program(source="print(7)")).stdout == "7\n"
+    finally:
+        eng.close()

@@ -39,9 +39,13 @@ class SyncEngine:
 
     @property
     def engine(self) -> Engine:
-        """The underlying async Engine (use only from its loop)."""
+        """The underlying async Engine (use only from its loop); started on first use, so
+        ``SyncEngine().run(...)`` works in a script (``close()`` it, or use ``with``)."""
         if self._engine is None:
-            raise RuntimeError("SyncEngine is not started: use 'with SyncEngine() as engine'")
+            if threading.current_thread() is self._thread:
+                raise RuntimeError("SyncEngine is not started: use 'with SyncEngine() as engine'")
+            self.start()
+        assert self._engine is not None
         return self._engine
 
     def start(self) -> None:
@@ -65,7 +69,8 @@ class SyncEngine:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
-        self._loop.close()
+        if not self._loop.is_closed():
+            self._loop.close()
 
     def __enter__(self) -> SyncEngine:
         self.start()
@@ -88,10 +93,11 @@ class SyncEngine:
             **kw: Any) -> list[ExecResult]:
         """Run all ``programs``; results in input order."""
         items = list(programs)
+        engine = self.engine
 
         async def go() -> list[ExecResult]:
             out: list[ExecResult | None] = [None] * len(items)
-            async for i, r in self.engine.stream(items, limits, **kw):
+            async for i, r in engine.stream(items, limits, **kw):
                 out[i] = r
             return [r for r in out if r is not None]
 
