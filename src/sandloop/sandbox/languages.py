@@ -54,6 +54,9 @@ def _exe(name: str) -> str:
     return shutil.which(name, path=HOST_PATH) or f"/usr/bin/{name}"
 
 
+_COMPILED = {"c": ("gcc", "gnu17", "c"), "cpp": ("g++", "gnu++17", "cpp")}  # compiler, -std, ext
+
+
 def spec_for(language: str, argv: tuple[str, ...] = (), main_dir: str = WORK_DIR) -> LanguageSpec:
     """The compile and run steps for ``language``; ``argv`` is passed to the program.
 
@@ -67,18 +70,13 @@ def spec_for(language: str, argv: tuple[str, ...] = (), main_dir: str = WORK_DIR
     if lang == "python":
         return LanguageSpec("python", "main.py", None,
                             Step("python", argv, path=f"{m}/main.py"), ())
-    if lang == "c":
+    if lang in _COMPILED:
+        compiler, std, ext = _COMPILED[lang]
         return LanguageSpec(
-            "c", "main.c",
-            Step("exec", (_exe("gcc"), "-O2", "-std=gnu17", "-pipe", "-o", f"{w}/main",
-                          f"{w}/main.c", "-lm")),
-            Step("exec", (f"{m}/main", *argv)), ("gcc",))
-    if lang == "cpp":
-        return LanguageSpec(
-            "cpp", "main.cpp",
-            Step("exec", (_exe("g++"), "-O2", "-std=gnu++17", "-pipe", "-o", f"{w}/main",
-                          f"{w}/main.cpp", "-lm")),
-            Step("exec", (f"{m}/main", *argv)), ("g++",))
+            lang, f"main.{ext}",
+            Step("exec", (_exe(compiler), "-O2", f"-std={std}", "-pipe", "-o", f"{w}/main",
+                          f"{w}/main.{ext}", "-lm")),
+            Step("exec", (f"{m}/main", *argv)), (compiler,))
     if lang == "javascript":
         return LanguageSpec("javascript", "main.js", None,
                             Step("exec", (_exe("node"), f"{m}/main.js", *argv)), ("node",))
