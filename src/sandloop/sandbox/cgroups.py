@@ -342,9 +342,6 @@ class CgroupV2(CgroupBackend):
             pids_limit_hit=_kv(_read(f"{d}/pids.events")).get("max", 0) > base.pids_max_events,
         )
 
-    def kill_all(self, cg: SlotCgroup, exclude: int | None, timeout_s: float) -> bool:
-        return super().kill_all(cg, exclude, timeout_s)
-
     def leftover_groups(self) -> list[str]:
         return [str(p) for p in self.base.iterdir() if p.is_dir()] if self.base.is_dir() else []
 

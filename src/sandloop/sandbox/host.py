@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,7 +166,3 @@ def run_base_dir() -> Path:
             os.chmod(p, 0o700)
             return p
     raise OSError("cannot create a run directory under /run or /tmp")
-
-
-def which(tool: str) -> str | None:
-    return shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin")

@@ -240,10 +240,6 @@ class Slot:
         """Where the slot's persistent (session) work dirs are, seen from the host."""
         return f"/proc/{self.zygote_pid}/root{zygote_module.PRIVATE}/work"
 
-    def work_root(self, work: str) -> str:
-        """A persistent work dir as the supervisor sees it (through the zygote's namespace)."""
-        return f"{self.works_root}/{work}"
-
     def new_work_id(self) -> str:
         """A name for a persistent work dir (sessions); it lives until ``remove_work``."""
         return f"w{next(self._ids)}"
