@@ -5,33 +5,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from sandloop.sandbox.models import FileContent, Limits, Program
+from sandloop.sandbox.models import Limits, Program
 
 
 class BatchRequestError(ValueError):
     """A request line is malformed; the message names the line and the field."""
 
 
-class ExecRequest(BaseModel):
-    """One line of an exec-batch file: a Program's fields plus its limits and an optional name."""
+class ExecRequest(Program):
+    """One line of an exec-batch file: a Program's fields (validated the same way) plus its
+    limits and an optional name."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    language: str = "python"
-    source: str
-    stdin: FileContent | None = None
-    files: dict[str, FileContent] = Field(default_factory=dict)
-    argv: list[str] = Field(default_factory=list)
-    collect: list[str] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
     name: str | None = Field(None, description="free-form label, echoed in tables")
 
     @property
     def program(self) -> Program:
-        return Program(language=self.language, source=self.source, stdin=self.stdin,
-                       files=self.files, argv=self.argv, collect=self.collect)
+        return Program.model_construct(**{f: getattr(self, f) for f in Program.model_fields})
 
 
 def _where(e: ValidationError) -> str:
@@ -56,7 +48,6 @@ def read_requests(lines: Iterable[str]) -> list[ExecRequest]:
             raise BatchRequestError(f"line {n}: expected a JSON object, got {type(data).__name__}")
         try:
             req = ExecRequest.model_validate(data)
-            req.program  # noqa: B018 - validates language and file names
         except ValidationError as e:
             raise BatchRequestError(f"line {n}: {_where(e)}") from e
         out.append(req)
