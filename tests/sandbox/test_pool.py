@@ -131,3 +131,11 @@ async def test_cancelled_run_is_killed_before_the_slot_is_reused() -> None:
         assert left == []
         r = await pool.run(Program(source="print('next')"))
         assert r.stdout == "next\n" and r.wall_time_s < 5
+
+
+async def test_preload_is_configurable() -> None:
+    probe = Program(source="import sys\nprint('unittest' in sys.modules, 'collections' in sys.modules)")
+    async with SandboxPool(1) as pool:
+        assert (await pool.run(probe, Limits(time_s=5))).stdout == "False True\n"
+    async with SandboxPool(1, preload=("unittest", "no_such_module_is_ignored")) as pool:
+        assert (await pool.run(probe, Limits(time_s=5))).stdout == "True True\n"

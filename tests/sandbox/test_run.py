@@ -115,6 +115,14 @@ async def test_python_state_does_not_leak_between_runs(pool: SandboxPool) -> Non
         assert r.stdout == "3.141592653589793 [1]\n"
 
 
+async def test_each_python_run_has_its_own_random_state(pool: SandboxPool) -> None:
+    # Every child is forked from the same warm interpreter: without a reseed per child, all
+    # runs would draw the same "random" numbers (and repeat-k sampling would be meaningless).
+    src = "import random\nprint(random.random(), random.getrandbits(64))"
+    outs = [r.stdout for r in await pool.run_batch([Program(source=src)] * 6, FAST)]
+    assert all(o for o in outs) and len(set(outs)) == len(outs)
+
+
 @pytest.mark.parametrize(
     ("language", "source", "expected"),
     [

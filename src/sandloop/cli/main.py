@@ -264,6 +264,9 @@ def serve(
     task_set: Annotated[list[str] | None, typer.Option("--task-set", help="Task sets to serve (repeatable).")] = None,
     max_body_mb: Annotated[int, typer.Option(help="Largest request body.")] = 16,
     log_level: Annotated[str, typer.Option(help="debug|info|warning|error")] = "info",
+    preload: Annotated[list[str] | None, typer.Option(
+        "--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
+                          "unittest-based suites (repeatable).")] = None,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
     from sandloop.server.auth import KeysFileError
@@ -271,7 +274,8 @@ def serve(
 
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
-                      tuple(task_set or ["humaneval"]), max_body_mb, log_level)
+                      tuple(task_set or ["humaneval"]), max_body_mb, log_level,
+                      tuple(preload or ()))
     except (ValueError, KeysFileError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e

@@ -47,6 +47,7 @@ from sandloop.engine.session import Session
 from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
+from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
 __all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
 
@@ -226,6 +227,7 @@ class Engine:
         max_bypass: int = 16,
         reserve_slots: int | None = None,
         reserve_cpus: float = 1.0,
+        preload: Sequence[str] | None = None,
     ) -> None:
         cores = os.cpu_count() or 1
         if backend is None:
@@ -233,7 +235,9 @@ class Engine:
             # warm and the pool grows to ``slots`` under demand (a new slot takes ~0.2 s).
             n = slots or 2 * cores
             warm = n if min_slots is None else max(1, min(min_slots, n))
-            backend = LocalBackend(SandboxPool(warm, max_slots=n, isolation=isolation))
+            backend = LocalBackend(SandboxPool(
+                warm, max_slots=n, isolation=isolation,
+                preload=DEFAULT_PRELOAD if preload is None else preload))
         self.backend = backend
         self.max_attempts = max(1, max_attempts)
         self.retry_backoff_s = retry_backoff_s

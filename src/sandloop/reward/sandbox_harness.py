@@ -36,7 +36,6 @@ import sys
 import time
 import traceback
 import types
-import unittest
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -557,6 +556,10 @@ class Driver:
             elif target and "." in target:
                 cls_name, method = target.split(".", 1)
                 case = ns[cls_name](method)
+                # Imported here, in the driver, only for unittest-style suites: most runs never
+                # need it, and every run would pay for it at start-up.
+                import unittest
+
                 result = unittest.TestResult()
                 case.run(result)
                 problems = result.failures + result.errors

@@ -68,10 +68,15 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
-def _read(path: str) -> str:
+def _read_fresh(path: str) -> str:
+    """Read through a new open file: v1 caches an open ``cgroup.procs``'s pid list for up to
+    a second, so a re-read of a kept file could miss a process that just appeared."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.read(fd, 65536).decode()
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
     finally:
         os.close(fd)
 
@@ -93,6 +98,27 @@ class SlotCgroup:
         self.name = name
         self.dirs = dirs
         self._set: dict[str, str] = {}
+        # Control files stay open for the slot's life: a run reads about ten of them, and
+        # pread/pwrite at offset 0 regenerate their contents without an open/close each.
+        self._fds: dict[tuple[str, int], int] = {}
+
+    def _fd(self, path: str, mode: int) -> int:
+        fd = self._fds.get((path, mode))
+        if fd is None:
+            fd = self._fds[path, mode] = os.open(path, mode | os.O_CLOEXEC)
+        return fd
+
+    def read(self, path: str) -> str:
+        return os.pread(self._fd(path, os.O_RDONLY), 65536, 0).decode()
+
+    def write(self, path: str, value: str, mode: int = os.O_WRONLY) -> None:
+        os.pwrite(self._fd(path, mode), value.encode(), 0)
+
+    def close_files(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
     @property
     def procs_files(self) -> list[str]:
@@ -101,7 +127,7 @@ class SlotCgroup:
 
     def _set_once(self, path: str, value: str) -> None:
         if self._set.get(path) != value:
-            _write(path, value)
+            self.write(path, value)
             self._set[path] = value
 
     def pids(self, *, all_controllers: bool = False) -> list[int]:
@@ -111,7 +137,7 @@ class SlotCgroup:
         seen: set[int] = set()
         for d in dirs if all_controllers else dirs[:1]:
             with contextlib.suppress(FileNotFoundError):
-                seen.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
+                seen.update(int(x) for x in _read_fresh(os.path.join(d, "cgroup.procs")).split())
         return sorted(seen)
 
     def arm(self, limits: CgroupLimits, keep: int) -> RunBaseline:
@@ -128,6 +154,7 @@ class SlotCgroup:
     def remove(self) -> None:
         if self.pids(all_controllers=True) and not self.kill_all(None):
             raise CgroupError(f"cgroup {self.name} still has processes {self.pids()}")
+        self.close_files()
         for d in dict.fromkeys(self.dirs.values()):
             for _ in range(100):
                 try:
@@ -196,8 +223,8 @@ class CgroupV1(CgroupBackend):
 
     def arm(self, cg: SlotCgroup, limits: CgroupLimits, keep: int) -> RunBaseline:
         mem = cg.dirs["memory"]
-        usage = int(_read(f"{mem}/memory.memsw.usage_in_bytes" if self.has_memsw
-                          else f"{mem}/memory.usage_in_bytes"))
+        usage = int(cg.read(f"{mem}/memory.memsw.usage_in_bytes" if self.has_memsw
+                            else f"{mem}/memory.usage_in_bytes"))
         # Round the baseline up so that small drifts of the zygote's usage do not rewrite limits.
         base = -(-usage // (4 << 20)) * (4 << 20)
         limit = str(base + limits.memory_bytes)
@@ -214,32 +241,32 @@ class CgroupV1(CgroupBackend):
             cg._set_once(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
                          str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
             cg._set_once(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
-        _write(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
-               else f"{mem}/memory.max_usage_in_bytes", "0")
+        cg.write(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
+                 else f"{mem}/memory.max_usage_in_bytes", "0")
         return RunBaseline(
             memory_bytes=usage,
-            cpu_ns=int(_read(f"{cg.dirs['cpuacct']}/cpuacct.usage")),
-            oom_kills=_kv(_read(f"{mem}/memory.oom_control")).get("oom_kill", 0),
-            failcnt=int(_read(f"{mem}/memory.failcnt")),
+            cpu_ns=int(cg.read(f"{cg.dirs['cpuacct']}/cpuacct.usage")),
+            oom_kills=_kv(cg.read(f"{mem}/memory.oom_control")).get("oom_kill", 0),
+            failcnt=int(cg.read(f"{mem}/memory.failcnt")),
             pids_max_events=self._pids_events(cg),
         )
 
     @staticmethod
     def _pids_events(cg: SlotCgroup) -> int:
         try:
-            return _kv(_read(f"{cg.dirs['pids']}/pids.events")).get("max", 0)
+            return _kv(cg.read(f"{cg.dirs['pids']}/pids.events")).get("max", 0)
         except FileNotFoundError:
             return 0
 
     def stats(self, cg: SlotCgroup, base: RunBaseline) -> CgroupStats:
         mem = cg.dirs["memory"]
-        peak = int(_read(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
-                         else f"{mem}/memory.max_usage_in_bytes"))
+        peak = int(cg.read(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
+                           else f"{mem}/memory.max_usage_in_bytes"))
         return CgroupStats(
-            cpu_s=(int(_read(f"{cg.dirs['cpuacct']}/cpuacct.usage")) - base.cpu_ns) / 1e9,
+            cpu_s=(int(cg.read(f"{cg.dirs['cpuacct']}/cpuacct.usage")) - base.cpu_ns) / 1e9,
             peak_memory_bytes=max(0, peak - base.memory_bytes),
-            oom_killed=_kv(_read(f"{mem}/memory.oom_control")).get("oom_kill", 0) > base.oom_kills,
-            memory_failcnt=int(_read(f"{mem}/memory.failcnt")) - base.failcnt,
+            oom_killed=_kv(cg.read(f"{mem}/memory.oom_control")).get("oom_kill", 0) > base.oom_kills,
+            memory_failcnt=int(cg.read(f"{mem}/memory.failcnt")) - base.failcnt,
             pids_limit_hit=self._pids_events(cg) > base.pids_max_events,
         )
 
@@ -249,7 +276,7 @@ class CgroupV1(CgroupBackend):
         fz = cg.dirs.get("freezer")
         if fz is not None:
             with contextlib.suppress(OSError):
-                _write(f"{fz}/freezer.state", "FROZEN")
+                cg.write(f"{fz}/freezer.state", "FROZEN")
         try:
             for pid in cg.pids():
                 if pid != exclude:
@@ -258,7 +285,7 @@ class CgroupV1(CgroupBackend):
         finally:
             if fz is not None:
                 with contextlib.suppress(OSError):
-                    _write(f"{fz}/freezer.state", "THAWED")
+                    cg.write(f"{fz}/freezer.state", "THAWED")
         return super().kill_all(cg, exclude, timeout_s)
 
     def leftover_groups(self) -> list[str]:
@@ -290,7 +317,6 @@ class CgroupV2(CgroupBackend):
             self._enable(self.base)
         except OSError as e:
             raise CgroupError(f"cannot delegate {', '.join(V2_REQUIRED)} to {self.base}: {e}") from e
-        self._peak_fds: dict[str, int] = {}
 
     @staticmethod
     def _enable(d: Path) -> None:
@@ -305,41 +331,43 @@ class CgroupV2(CgroupBackend):
             os.mkdir(d)
             if os.path.exists(f"{d}/memory.swap.max"):
                 _write(f"{d}/memory.swap.max", "0")
-            self._peak_fds[d] = os.open(f"{d}/memory.peak", os.O_RDWR | os.O_CLOEXEC)
+            cg = SlotCgroup(self, name, {"unified": d})
+            cg._fd(f"{d}/memory.peak", os.O_RDWR)  # its peak is reset per open file
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
             raise CgroupError(f"cannot set up cgroup {d} (needs memory.peak, Linux 6.12+): {e}") from e
-        return SlotCgroup(self, name, {"unified": d})
+        return cg
 
     def arm(self, cg: SlotCgroup, limits: CgroupLimits, keep: int) -> RunBaseline:
         d = cg.dirs["unified"]
-        usage = int(_read(f"{d}/memory.current"))
+        usage = int(cg.read(f"{d}/memory.current"))
         base = -(-usage // (4 << 20)) * (4 << 20)
         cg._set_once(f"{d}/memory.max", str(base + limits.memory_bytes))
         cg._set_once(f"{d}/pids.max", str(limits.max_pids + keep))
         cg._set_once(f"{d}/cpu.max", f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
         cg._set_once(f"{d}/cpu.weight", str(limits.weight))
-        os.pwrite(self._peak_fds[d], b"reset", 0)
-        ev = _kv(_read(f"{d}/memory.events"))
+        # Resets the peak as seen through this open file only (hence one fd for both).
+        cg.write(f"{d}/memory.peak", "reset", os.O_RDWR)
+        ev = _kv(cg.read(f"{d}/memory.events"))
         return RunBaseline(
             memory_bytes=usage,
-            cpu_ns=_kv(_read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000,
+            cpu_ns=_kv(cg.read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000,
             oom_kills=ev.get("oom_kill", 0),
             failcnt=ev.get("max", 0),
-            pids_max_events=_kv(_read(f"{d}/pids.events")).get("max", 0),
+            pids_max_events=_kv(cg.read(f"{d}/pids.events")).get("max", 0),
         )
 
     def stats(self, cg: SlotCgroup, base: RunBaseline) -> CgroupStats:
         d = cg.dirs["unified"]
-        ev = _kv(_read(f"{d}/memory.events"))
-        peak = int(os.pread(self._peak_fds[d], 64, 0).decode())
+        ev = _kv(cg.read(f"{d}/memory.events"))
+        peak = int(os.pread(cg._fd(f"{d}/memory.peak", os.O_RDWR), 64, 0).decode())
         return CgroupStats(
-            cpu_s=(_kv(_read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000 - base.cpu_ns) / 1e9,
+            cpu_s=(_kv(cg.read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000 - base.cpu_ns) / 1e9,
             peak_memory_bytes=max(0, peak - base.memory_bytes),
             oom_killed=ev.get("oom_kill", 0) > base.oom_kills,
             memory_failcnt=ev.get("max", 0) - base.failcnt,
-            pids_limit_hit=_kv(_read(f"{d}/pids.events")).get("max", 0) > base.pids_max_events,
+            pids_limit_hit=_kv(cg.read(f"{d}/pids.events")).get("max", 0) > base.pids_max_events,
         )
 
     def leftover_groups(self) -> list[str]:
@@ -368,6 +396,7 @@ def sweep_leftovers(backend: CgroupBackend, alive: set[str]) -> int:
         cg = SlotCgroup(backend, name, {"x": d})
         with contextlib.suppress(CgroupError, OSError):
             backend.kill_all(cg, None, 1.0)
+            cg.close_files()
             os.rmdir(d)
             n += 1
     return n

@@ -48,15 +48,6 @@ import struct
 import sys
 from typing import Any
 
-# Modules commonly imported by model-written programs, imported once here so that children
-# start with them warm. None of them holds secrets or starts threads at import.
-PRELOAD = (
-    "collections", "itertools", "functools", "math", "re", "heapq", "bisect", "string",
-    "random", "typing", "dataclasses", "fractions", "decimal", "datetime", "copy",
-    "statistics", "operator", "io", "traceback", "atexit", "threading", "hashlib",
-    "unittest", "textwrap", "enum", "array", "cmath", "numbers",
-)
-
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -194,9 +185,12 @@ class Zygote:
         self.symlinks: dict[str, str] = config["symlinks"]
         self.cgroups: list[str] = config["cgroups"]
         self.python: str = config["python"]
+        self.preload: list[str] = config.get("preload", [])
         self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
         self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
-        self.status_fds: dict[int, int] = {}
+        # Running children: pid -> (status pipe, pidfd). A pidfd turns readable when its
+        # process exits, so the loop needs no SIGCHLD handler (children inherit none to undo).
+        self.running: dict[int, tuple[int, int]] = {}
         self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
         self.spare: Spare | None = None
         self.last_key: SpareKey | None = None
@@ -241,6 +235,13 @@ class Zygote:
             mount(src, keep, None, MS_BIND | MS_REC)
             mount(None, keep, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
             self.tmp_binds.append((f"{PRIVATE}/rt{i}", src))
+        # Empty the capability bounding set: no descendant can ever gain a capability by exec
+        # (the zygote keeps its effective set for mounts, and never execs).
+        for cap in range(64):
+            if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+                if ctypes.get_errno() == errno.EINVAL:
+                    break
+                _check(-1, f"drop capability {cap} from the bounding set")
         # The runtime and the skeleton are read-only for every run.
         mount(None, self.root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         # Live in that root: a child's copy of this mount namespace is then a dozen mounts, not
@@ -314,18 +315,15 @@ class Zygote:
 
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, sock: socket.socket) -> None:
-        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wfd)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
+            watch = [sock.fileno(), *(pidfd for _, pidfd in self.running.values())]
+            if self.spare is not None:
+                watch.append(self.spare.pidfd)
             try:
-                ready, _, _ = select.select([sock.fileno(), rfd], [], [])
+                ready, _, _ = select.select(watch, [], [])
             except InterruptedError:
                 continue
-            if rfd in ready:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(rfd, 512):
-                        pass
+            if len(ready) > 1 or ready[0] != sock.fileno():
                 self.reap()
             if sock.fileno() in ready:
                 try:
@@ -361,9 +359,11 @@ class Zygote:
             if self.spare is not None and pid == self.spare.pid:
                 self.spare.close()  # died before its request: replaced on the next run
                 self.spare = None
-            fd = self.status_fds.pop(pid, None)
-            if fd is None:
+            entry = self.running.pop(pid, None)
+            if entry is None:
                 continue
+            fd, pidfd = entry
+            os.close(pidfd)
             rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime,
                    "maxrss_kb": ru.ru_maxrss}
             with contextlib.suppress(OSError):
@@ -410,7 +410,8 @@ class Zygote:
             if spare is not None:
                 spare.discard()
             return {"ok": False, "error": str(e)}
-        self.status_fds[spare.pid] = os.dup(fds[6])
+        self.running[spare.pid] = (os.dup(fds[6]), spare.pidfd)
+        spare.pidfd = -1  # now owned by self.running
         self.last_key = key
         # Hand the child's mount namespace to the supervisor: while it holds a reference, the
         # child's exit does not wait for the namespace's unmounts (an RCU grace period, several
@@ -441,16 +442,24 @@ class Zygote:
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            parent_end.close()
+            raise
         mntns: int | None
         try:
             mntns = os.open(f"{PRIVATE}/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             mntns = None
-        return Spare(pid, parent_end, key, mntns)
+        return Spare(pid, parent_end, key, mntns, pidfd)
 
     def prespawn(self) -> None:
         """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""
-        if self.spare is None and self.last_key is not None and not self.status_fds:
+        if self.spare is None and self.last_key is not None and not self.running:
             work = self.last_key[0]
             if work and work not in self.work_opts:
                 return
@@ -470,11 +479,13 @@ def tmpfs_options(size_mb: int, inodes: int) -> str:
 class Spare:
     """A child that has isolated itself and waits for its request on ``ctl``."""
 
-    def __init__(self, pid: int, ctl: socket.socket, key: SpareKey, mntns: int | None) -> None:
+    def __init__(self, pid: int, ctl: socket.socket, key: SpareKey, mntns: int | None,
+                 pidfd: int) -> None:
         self.pid = pid
         self.ctl = ctl
         self.key = key
         self.mntns = mntns
+        self.pidfd = pidfd  # readable once the child exits; -1 once handed to the run table
         self.is_ready = False
 
     def wait_ready(self, timeout: float = 10.0) -> None:
@@ -513,6 +524,9 @@ class Spare:
         if self.mntns is not None:
             os.close(self.mntns)
             self.mntns = None
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 def write_record(fd: int, kind: bytes, payload: bytes) -> None:
@@ -544,18 +558,18 @@ def prepare_child(z: Zygote, key: SpareKey) -> None:
         mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # When the slot's memory runs out, the OOM killer must pick the run, never the zygote.
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+    try:
+        os.write(fd, b"1000")
+    finally:
+        os.close(fd)
     # The zygote's private area (other sessions' work dirs, the host's /proc) goes away.
     umount(PRIVATE, MNT_DETACH)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
-    # Drop every capability from the bounding set now; ids, no_new_privs and seccomp follow
-    # when the request arrives (an idle prepared child stays root, so no process of the
-    # slot's uid ever exists between runs).
-    for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == errno.EINVAL:
-            break
+    # The capability bounding set is already empty (inherited from the zygote); ids,
+    # no_new_privs and seccomp follow when the request arrives (an idle prepared child stays
+    # root, so no process of the slot's uid ever exists between runs).
 
 
 def drop_privileges(z: Zygote) -> None:
@@ -720,13 +734,17 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     import atexit
     import builtins
     import io
-    import random
     import threading
     import traceback
     import types
 
-    os.environ.clear()
-    os.environ.update(env)
+    # The zygote already runs with the usual sandbox environment: apply only the differences.
+    # (The random module needs no reseeding here: its at-fork hook, run by clone_fork, did it.)
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     # The zygote started with -I, which ignores the environment: apply what it would have set.
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     sys.argv = [path, *argv]
@@ -741,9 +759,6 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
                                   encoding="utf-8", errors="backslashreplace",
                                   line_buffering=True)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
-    random.seed()  # every child would otherwise share the zygote's random state
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
     code = 0
     try:
         # What `python path` does: compile the file and run it as a fresh __main__ module.
@@ -818,9 +833,11 @@ def main() -> None:
     # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
     config = json.loads(sys.stdin.buffer.read())
     sock = socket.socket(fileno=int(sys.argv[1]))
-    for name in PRELOAD:
+    for name in config.get("preload", []):
         with contextlib.suppress(ImportError):
             __import__(name)
+    # The compiler builds its AST types on first use (~2 ms): do it once here, not per run.
+    compile("pass", "<warm>", "exec", dont_inherit=True)
     # Freeze the warm heap: a child's garbage collections then never touch (and copy) it.
     gc.freeze()
     z = Zygote(config)

@@ -143,7 +143,7 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = Engine(slots=config.slots, isolation=config.isolation,
-                        journal=config.journal)
+                        journal=config.journal, preload=config.preload)
         await engine.start()
         for pol in keys.policies():
             engine.configure_client(pol.id, weight=pol.record.weight)

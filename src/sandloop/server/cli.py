@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sandloop.sandbox.slot import DEFAULT_PRELOAD
 from sandloop.server.auth import KeyStore
 from sandloop.server.config import ServerConfig, check_bind
 
@@ -21,6 +22,7 @@ def serve_command(
     task_sets: tuple[str, ...] = ("humaneval",),
     max_body_mb: int = 16,
     log_level: str = "info",
+    preload_extra: tuple[str, ...] = (),
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
@@ -34,7 +36,8 @@ def serve_command(
     check_bind(host, keys.enabled)
     config = ServerConfig(host=host, port=port, keys_file=api_keys_file, slots=slots,
                           isolation="none" if no_isolation else "full", journal=journal, db=db,
-                          task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20)
+                          task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20,
+                          preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None)
     configure_logging(log_level)
     app = create_app(config, keys=keys)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,

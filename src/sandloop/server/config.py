@@ -18,6 +18,7 @@ class ServerConfig:
     keys_file: Path | None = None
     slots: int | None = None
     isolation: str = "full"
+    preload: tuple[str, ...] | None = None  # modules warm in every slot (None: the default set)
     journal: Path | None = None  # durable jobs: accepted work survives a restart
     db: Path | None = None  # score results store (reused across requests and restarts)
     task_sets: tuple[str, ...] = ("humaneval",)
