@@ -4,8 +4,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_STAMP := $(VENV)/.deb-installed
-# gcc/g++/nodejs/bash: the sandboxed languages; libseccomp2: the seccomp filter compiler.
-DEB_PKGS := python3 python3-venv gcc g++ nodejs bash libseccomp2
+# gcc/g++/nodejs/bash: the sandboxed languages (gcc + libc6-dev also build the C helper that
+# each run uses to isolate itself); libseccomp2: the seccomp filter compiler.
+DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2
 
 .PHONY: demo test test-slow lint bench deps clean
 
@@ -36,6 +37,9 @@ test: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
 	$(VPY) -m pytest -q
+	# The sandbox and adversarial suites again, with the children's isolation steps in Python
+	# (the fallback for hosts without a C compiler) instead of the C helper.
+	SANDLOOP_JAIL=python $(VPY) -m pytest -q tests/sandbox tests/security
 
 test-slow: $(STAMP)
 	$(VPY) -m pytest -q -m slow

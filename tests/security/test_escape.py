@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from sec_helpers import (
     MARKER,
+    TIGHT,
     HostWorld,
     Listener,
     PoolInfo,
@@ -34,7 +36,9 @@ from sec_helpers import (
 )
 
 from sandloop.sandbox.host import runtime_binds
+from sandloop.sandbox.languages import WORK_DIR, sandbox_env, spec_for
 from sandloop.sandbox.models import Program, Status
+from sandloop.sandbox.pool import SandboxPool, _step_limits
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -648,6 +652,7 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 r = libc.sethostname(b"pwned", 5)
 out["sethostname"] = "SET" if r == 0 else ctypes.get_errno()
+out["dumpable"] = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
 for name, call in (("setuid0", lambda: os.setuid(0)), ("setresuid0", lambda: os.setresuid(0, 0, 0)),
                    ("setgid0", lambda: os.setgid(0)), ("setgroups", lambda: os.setgroups([0]))):
     try:
@@ -669,8 +674,46 @@ async def test_unprivileged_identity(sandbox: PoolInfo) -> None:
         assert int(seen[cap], 16) == 0, (cap, seen[cap])
     assert seen["NoNewPrivs"] == "1"
     assert seen["Seccomp"] == "2"
+    # Not dumpable: no process of the slot's uid may open this one's /proc/<pid>/mem or fds.
+    assert seen["dumpable"] == 0
     for name in ("setuid0", "setresuid0", "setgid0", "setgroups"):
         assert seen[name] == errno.EPERM, (name, seen[name])
+
+
+async def test_supervisor_groups_do_not_reach_runs(sandbox: PoolInfo) -> None:
+    # A supervisor started with supplementary groups (a daemon in "docker", "disk", ...) must
+    # not pass them on: the zygote inherits them, each run must drop them.
+    before = os.getgroups()
+    os.setgroups([6, 4242])
+    try:
+        pool = SandboxPool(1)
+        await pool.start()
+    finally:
+        os.setgroups(before)
+    try:
+        seen = report(await attack(pool, ID_PROBE))
+    finally:
+        await pool.close()
+    assert 6 not in seen["groups"] and 4242 not in seen["groups"], seen["groups"]
+
+
+async def test_file_table_cannot_name_host_paths(sandbox: PoolInfo) -> None:
+    # The API refuses absolute names before they reach a run; the child refuses them again,
+    # in case a table ever reaches it unchecked (here, hand-made, below the API).
+    slot = sandbox.pool._slots[0]
+    await sandbox.pool._free.acquire(slot)  # type: ignore[union-attr]
+    try:
+        spec = spec_for("python", main_dir=WORK_DIR)
+        raw = b"/etc/sandloop-planted"
+        table = struct.pack("<IQH", len(raw), 1, 0o644) + raw + b"x"
+        main = spec.main_file.encode()
+        table += struct.pack("<IQH", len(main), 5, 0o644) + main + b"pass\n"
+        o = await slot.execute(spec.run, _step_limits(TIGHT, compile_step=False), stdin=b"",
+                               files=table, env=sandbox_env("python"))
+    finally:
+        sandbox.pool._free.release(slot)  # type: ignore[union-attr]
+    assert o.setup_error is not None and "outside" in o.setup_error, o
+    assert not os.path.exists("/etc/sandloop-planted")
 
 
 async def test_hostname_isolated(sandbox: PoolInfo, host_world: HostWorld) -> None:
@@ -908,6 +951,23 @@ print(json.dumps(out))
 """
     seen = report(await attack(sandbox.pool, src))
     assert not any(seen.values()), seen
+
+
+async def test_zygote_private_area_absent(sandbox: PoolInfo) -> None:
+    # The zygote keeps the host's /proc and every session's work dir under /.zygote; a run's
+    # mount namespace must not even contain it (file modes alone would be the only wall).
+    src = """
+import json, os
+try:
+    listed = sorted(os.listdir("/.zygote"))
+except OSError as e:
+    listed = e.errno
+print(json.dumps({"mounts": open("/proc/self/mountinfo").read(), "listed": listed}))
+"""
+    seen = report(await attack(sandbox.pool, src))
+    assert " /sandbox " in seen["mounts"]
+    assert "/.zygote" not in seen["mounts"], seen["mounts"]
+    assert seen["listed"] in ([], errno.EACCES, errno.ENOENT), seen["listed"]
 
 
 # -- the supervisor reading back files ---------------------------------------------------------

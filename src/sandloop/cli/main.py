@@ -16,6 +16,7 @@ from rich.table import Table
 
 from sandloop.engine import Engine
 from sandloop.sandbox import host
+from sandloop.sandbox.jailbuild import build_jail
 from sandloop.sandbox.languages import LanguageUnavailable, spec_for
 from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool
@@ -57,6 +58,7 @@ def doctor(
         except LanguageUnavailable as e:
             langs[lang] = str(e)
     slots = os.cpu_count() or 1
+    jail = build_jail()
     if as_json:
         print(json.dumps({
             "level": report.level,
@@ -65,6 +67,8 @@ def doctor(
                          for f in report.features],
             "languages": langs,
             "default_slots": slots,
+            "child_setup": "c" if jail.path else "python",
+            "child_setup_detail": jail.detail,
         }))
         raise typer.Exit(0 if report.full else 1)
     out = Console()
@@ -86,6 +90,7 @@ def doctor(
         out.print(f"[bold green]exec will use: full isolation[/] (pid/mount/net/ipc/uts "
                   f"namespaces, per-slot uid, seccomp, cgroup v{report.cgroup_version}); "
                   f"{slots} warm slots by default.")
+        out.print(f"each run isolates itself with: {jail.detail}")
     else:
         out.print("[bold red]exec will refuse to run untrusted code[/] (every run is a "
                   "sandbox_error) until the missing features are fixed, unless you pass "

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from sandloop.sandbox import cgroups, host
+from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.outcome import classify
@@ -175,6 +176,7 @@ class SandboxPool:
         self.max_runs_per_slot = max_runs_per_slot
         self.pool_id = f"p{os.getpid()}x{secrets.token_hex(3)}"
         self.report: host.HostReport | None = None
+        self.jail = JailBuild(None, "not started")  # how children isolate themselves (C or Python)
         self._unavailable: str | None = None
         self._slots: list[Slot] = []
         self._free: _SlotHandout | None = None
@@ -201,9 +203,11 @@ class SandboxPool:
         _sweep_stale_dirs(base)
         self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.max_size)
         binds, symlinks = host.runtime_binds(self.python)
+        self.jail = await asyncio.get_running_loop().run_in_executor(None, build_jail)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
+            jail=self.jail.path,
         )
         self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config)
                        for i in range(self.size)]

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import signal
 import socket
 import struct
@@ -71,6 +72,7 @@ class SlotConfig:
     cgroups: CgroupBackend
     pool_id: str
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    jail: str | None = None  # the compiled C isolation steps (jailbuild), or None: Python's
 
 
 @dataclass
@@ -189,6 +191,7 @@ class Slot:
             "binds": list(self.config.binds),
             "symlinks": self.config.symlinks,
             "preload": list(self.config.preload),
+            "jail": self.config.jail,
         }
         try:
             self.proc = subprocess.Popen(
@@ -367,21 +370,17 @@ class Slot:
             self.broken = True
             out.infra_error = f"cannot arm the slot cgroup: {e}"
             return out
-        spec = {
-            "rlimits": {
-                "RLIMIT_CORE": 0,
-                "RLIMIT_NOFILE": limits.open_files,
-                "RLIMIT_FSIZE": limits.workdir_mb << 20,
-                # A per-process backstop; the cgroup total is enforced from here.
-                "RLIMIT_CPU": math.ceil(limits.cpu_s) + 1,
-                "RLIMIT_STACK": min(limits.memory_bytes, 256 << 20),
-            },
-            "env": env,
-            "exec": step.to_wire(),
-            "collect": list(collect),
-            "collect_max": collect_max,
-        }
-        fds = self._make_fds(stdin, files, json.dumps(spec).encode())
+        rlimits = (
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, limits.open_files),
+            (resource.RLIMIT_FSIZE, limits.workdir_mb << 20),
+            # A per-process backstop; the cgroup total is enforced from here.
+            (resource.RLIMIT_CPU, math.ceil(limits.cpu_s) + 1),
+            (resource.RLIMIT_STACK, min(limits.memory_bytes, 256 << 20)),
+        )
+        spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
+                "collect_max": collect_max}
+        fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
         try:
             await self._run_child(limits, work, cg, base, fds, out)
         finally:
@@ -542,6 +541,12 @@ async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: 
                 if cg.stats(base).cpu_s > limits.cpu_s:
                     kill("cpu")
                     return
+
+
+def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: dict[str, Any]) -> bytes:
+    """The run spec as the child reads it (zygote.read_spec): rlimits in binary, then JSON."""
+    head = zygote_module.SPEC_MAGIC + struct.pack("<I", len(rlimits))
+    return head + b"".join(struct.pack("<iQ", r, v) for r, v in rlimits) + json.dumps(spec).encode()
 
 
 def _parse_status(buf: bytes, out: StepOutcome) -> None:

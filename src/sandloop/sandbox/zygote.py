@@ -171,6 +171,66 @@ def loopback_up() -> None:
         s.close()
 
 
+class _SlChild(ctypes.Structure):
+    """``struct sl_child`` of jail.c."""
+
+    _fields_ = [
+        ("ctl_fd", ctypes.c_int), ("parent_fd", ctypes.c_int),
+        ("work_bind", ctypes.c_char_p), ("work_opts", ctypes.c_char_p),
+        ("tmp_opts", ctypes.c_char_p), ("tmp_binds", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_tmp_binds", ctypes.c_int), ("private_dir", ctypes.c_char_p),
+        ("uid", ctypes.c_uint), ("gid", ctypes.c_uint),
+        ("bpf", ctypes.c_char_p), ("bpf_len", ctypes.c_uint),
+    ]
+
+
+class Jail:
+    """The C fast path (jail.c) of prepare_child + drop_privileges + _write_files."""
+
+    def __init__(self, path: str) -> None:
+        # PyDLL keeps the GIL across the call, as clone_fork needs.
+        self.lib = ctypes.PyDLL(path, use_errno=True)
+        self.lib.sl_spawn.restype = ctypes.c_long
+        self.lib.sl_spawn.argtypes = [ctypes.c_ulong, ctypes.POINTER(_SlChild),
+                                      ctypes.POINTER(ctypes.c_int)]
+        self.fds = (ctypes.c_int * 7)()
+        # One prepared struct per (work dir, tmpfs options); the objects it points into stay
+        # referenced here for as long as it does.
+        self._structs: dict[SpareKey, tuple[_SlChild, Any, list[bytes]]] = {}
+
+    def _struct(self, z: Zygote, key: SpareKey) -> _SlChild:
+        if key not in self._structs:
+            work, opts = key
+            binds = [x.encode() for pair in z.tmp_binds for x in pair]
+            arr = (ctypes.c_char_p * max(1, len(binds)))(*binds)
+            c = _SlChild(
+                work_bind=z.work_path(work).encode() if work else None,
+                work_opts=f"{opts},mode=0755,uid={z.uid},gid={z.gid}".encode(),
+                tmp_opts=f"{opts},mode=1777".encode(), tmp_binds=arr,
+                n_tmp_binds=len(binds) // 2, private_dir=PRIVATE.encode(), uid=z.uid,
+                gid=z.gid, bpf=z.bpf or None, bpf_len=len(z.bpf),
+            )
+            if len(self._structs) > 64:  # session work dirs come and go
+                self._structs.clear()
+            self._structs[key] = (c, arr, binds)
+        return self._structs[key][0]
+
+    def spawn(self, z: Zygote, key: SpareKey, flags: int, ctl: int, parent: int) -> int:
+        """Clone a child that isolates itself in C. Returns the pid in the zygote; in the child,
+        returns 0 once the request has arrived and the child is locked down (see jail.c)."""
+        c = self._struct(z, key)
+        c.ctl_fd, c.parent_fd = ctl, parent
+        ctypes.pythonapi.PyOS_BeforeFork()
+        pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.fds))
+        if pid == 0:
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            return 0
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid < 0:
+            raise OSError(-pid, f"clone: {os.strerror(-pid)}")
+        return pid
+
+
 # ----------------------------------------------------------------------------------------------
 # Zygote state: a private mount namespace holding the read-only root and the work dirs.
 
@@ -186,6 +246,8 @@ class Zygote:
         self.cgroups: list[str] = config["cgroups"]
         self.python: str = config["python"]
         self.preload: list[str] = config.get("preload", [])
+        # Loaded before setup() pivots away from the host's file system.
+        self.jail: Jail | None = Jail(config["jail"]) if config.get("jail") else None
         self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
         self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
         # Running children: pid -> (status pipe, pidfd). A pidfd turns readable when its
@@ -426,7 +488,17 @@ class Zygote:
     def spawn(self, key: SpareKey) -> Spare:
         """Clone a child and let it isolate itself; it then waits for its one request."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = clone_fork(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+        if self.jail is not None:
+            pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
+            if pid == 0:  # isolated, requested and locked down in C; never returns
+                try:
+                    stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = list(self.jail.fds)
+                    after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
+                finally:
+                    os._exit(SETUP_FAILED_EXIT)
+        else:
+            pid = clone_fork(flags)
         if pid == 0:
             # The child must never return into the zygote's code, whatever happens.
             try:
@@ -602,13 +674,38 @@ def serve_one(z: Zygote, ctl: socket.socket) -> None:
     stdin_fd, files_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd = fds
     ctl.close()
     try:
-        spec = json.loads(_read_fd(spec_fd))
-        os.close(spec_fd)
-        for name, value in spec["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (value, value))
+        rlimits, _ = read_spec(spec_fd)
+        for res, value in rlimits:
+            resource.setrlimit(res, (value, value))
         drop_privileges(z)
         _write_files(files_fd)  # as the slot user, inside the jail: no symlink can escape
         os.close(files_fd)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
+        os._exit(SETUP_FAILED_EXIT)
+    after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
+
+
+SPEC_MAGIC = b"SLS1"
+
+
+def read_spec(spec_fd: int) -> tuple[list[tuple[int, int]], dict[str, Any]]:
+    """The run spec: b"SLS1", u32 n, n x (i32 resource, u64 limit) for jail.c, then JSON."""
+    data = _read_fd(spec_fd)
+    if data[:4] != SPEC_MAGIC:
+        raise SetupError("bad run spec")
+    (n,) = struct.unpack_from("<I", data, 4)
+    rlimits = [struct.unpack_from("<iQ", data, 8 + 12 * i) for i in range(n)]
+    return rlimits, json.loads(data[8 + 12 * n:])
+
+
+def after_lockdown(stdin_fd: int, spec_fd: int, out_fd: int, err_fd: int, chan_fd: int,
+                   status_fd: int) -> None:
+    """The locked-down child (slot uid, seccomp, files written) becomes or runs the program."""
+    try:
+        _, spec = read_spec(spec_fd)
+        os.close(spec_fd)
     except BaseException as e:
         with contextlib.suppress(OSError):
             write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
@@ -840,8 +937,8 @@ def main() -> None:
     compile("pass", "<warm>", "exec", dont_inherit=True)
     # Freeze the warm heap: a child's garbage collections then never touch (and copy) it.
     gc.freeze()
-    z = Zygote(config)
     try:
+        z = Zygote(config)
         z.setup()
     except Exception as e:
         sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())

@@ -1,0 +1,69 @@
+"""Building the C fast path of a child's isolation steps: cache, trust checks, fallback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sandloop import Limits, Program, SandboxPool, Status
+from sandloop.sandbox.jailbuild import build_jail
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                              reason="no C compiler on this host")
+
+
+@needs_cc
+def test_builds_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = build_jail()
+    assert first.path is not None and first.path.startswith(str(tmp_path / "sandloop"))
+    st = os.stat(first.path)
+    assert st.st_mode & 0o777 == 0o700
+    again = build_jail()
+    assert again.path == first.path and os.stat(again.path).st_mtime_ns == st.st_mtime_ns
+
+
+@needs_cc
+def test_a_cache_others_can_write_is_not_trusted(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The zygote loads the library as root: one planted in a shared directory would run as root.
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    shared = tmp_path / "sandloop"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    planted = build_jail()
+    assert planted.path is not None and not planted.path.startswith(str(shared))
+    shared.chmod(0o700)
+    trusted = build_jail()
+    assert trusted.path is not None and trusted.path.startswith(str(shared))
+    # A library there that others could rewrite is rebuilt, not loaded.
+    os.chmod(trusted.path, 0o666)
+    rebuilt = build_jail()
+    assert rebuilt.path == trusted.path and os.stat(rebuilt.path).st_mode & 0o777 == 0o700
+
+
+def test_python_steps_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDLOOP_JAIL", "python")
+    b = build_jail()
+    assert b.path is None and "SANDLOOP_JAIL" in b.detail
+
+
+def test_no_compiler_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    b = build_jail()
+    assert b.path is None and "no C compiler" in b.detail
+
+
+@needs_cc
+async def test_pool_uses_the_c_helper_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    async with SandboxPool(1) as pool:
+        r = await pool.run(Program(source="print('ok')"), Limits(time_s=5))
+        assert pool.jail.path is not None
+    assert r.status is Status.OK and r.stdout == "ok\n"
