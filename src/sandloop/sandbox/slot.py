@@ -285,7 +285,9 @@ class Slot:
 
         loop.add_reader(sock.fileno(), readable)
         try:
-            data, fds = await asyncio.wait_for(fut, timeout)
+            if not await _settled(fut, timeout):
+                raise TimeoutError(f"no reply within {timeout} s")
+            data, fds = fut.result()
         except (TimeoutError, OSError) as e:
             loop.remove_reader(sock.fileno())
             self.broken = True
@@ -385,8 +387,9 @@ class Slot:
             await self._run_child(limits, work, cg, base, fds, out)
         finally:
             for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         try:
             out.stats = cg.stats(base)
         except OSError as e:
@@ -484,23 +487,20 @@ class Slot:
                 # The caller gave up (a client went away): the run must not outlive the request
                 # nor share the slot with the next one. Kill it and wait for it, then re-raise.
                 kill("cancelled")
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(status.eof), 5.0)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await _settled(status.eof, 5.0)
                 if not status.eof.done():
                     self.abandon()
                 raise
-            if not status.eof.done():
-                # Killed: the zygote reaps the child and closes the status pipe.
-                try:
-                    await asyncio.wait_for(asyncio.shield(status.eof), 5.0)
-                except TimeoutError:
-                    self.broken = True
-                    out.infra_error = "the killed run did not exit within 5 s"
+            # Killed: the zygote reaps the child and closes the status pipe.
+            if not await _settled(status.eof, 5.0):
+                self.broken = True
+                out.infra_error = "the killed run did not exit within 5 s"
             # Every process of the run is dead once the status arrives (pid namespace torn
             # down), so the pipes reach EOF promptly; the timeout is only a backstop.
-            waiters = [c.eof for c in captures.values()]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*waiters), 2.0)
+            for cap in captures.values():
+                if not await _settled(cap.eof, 2.0):
+                    break
         finally:
             for cap in (*captures.values(), status):
                 loop.remove_reader(cap.fd)
@@ -526,6 +526,31 @@ class Slot:
             out.infra_error = "the zygote did not report the run's exit status"
 
 
+async def _settled(fut: asyncio.Future[Any], timeout: float) -> bool:
+    """Wait until ``fut`` is done or ``timeout`` passes (True if done), without cancelling it.
+
+    What ``wait_for(shield(fut))`` does, minus the tasks and wrappers it creates: this runs
+    several times per sandbox run, on the event loop that also serves every other run.
+    """
+    if fut.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout, wake)
+    fut.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        fut.remove_done_callback(wake)
+    return fut.done()
+
+
 async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: SlotCgroup,
                      base: Any, kill: Callable[[str], None]) -> None:
     """Wait for the run to end, killing it at the wall deadline or past its CPU budget."""
@@ -534,8 +559,7 @@ async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: 
         if remaining <= 0:
             kill("wall")
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(status.eof), min(remaining, 0.1))
+        await _settled(status.eof, min(remaining, 0.1))
         if not status.eof.done():
             with contextlib.suppress(OSError):
                 if cg.stats(base).cpu_s > limits.cpu_s:
