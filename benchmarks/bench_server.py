@@ -2,7 +2,10 @@
 programs (prompt + canonical solution + tests + check) at concurrency 1, 8 and 32.
 
 Prints runs/s and p50/p99 latency per concurrency (full isolation). The server runs in its own
-process (python -m sandloop.server serve) on 127.0.0.1; the client is httpx (async).
+process (python -m sandloop.server serve) on 127.0.0.1; the client is httpx (async), on the same
+cores. So that the figures can be read without the client, it also prints the machine's CPU time
+per request minus the client's own ("server CPU/req": HTTP, engine, sandbox and kernel work) and
+the throughput that implies for a machine of this size that runs only the server.
 
     .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--concurrency 1 8 32]
 """
@@ -14,6 +17,7 @@ import asyncio
 import gzip
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -63,6 +67,18 @@ async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, li
         return time.perf_counter() - t0, lat, bad
 
 
+def busy_cpu_s() -> float:
+    """Non-idle CPU seconds of the whole machine so far (all cores)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs)) - 1))]
@@ -96,11 +112,17 @@ def main() -> None:
         asyncio.run(drive(f"{base}/run_code", programs()[:16], 4))  # warm-up
         print(f"sandloop serve /run_code, HumanEval references ({len(codes)} runs per level), "
               f"full isolation, {os.cpu_count()} cores")
-        print(f"{'concurrency':>11} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6}")
+        print(f"{'concurrency':>11} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+              f"{'server CPU/req':>15} {'client CPU/req':>15} {'server-only runs/s':>19}")
+        cores = os.cpu_count() or 1
         for c in a.concurrency:
+            m0, c0 = busy_cpu_s(), own_cpu_s()
             wall, lat, bad = asyncio.run(drive(f"{base}/run_code", codes, c))
+            client = (own_cpu_s() - c0) / len(codes)
+            server = (busy_cpu_s() - m0) / len(codes) - client
             print(f"{c:>11} {len(codes) / wall:>8.1f} {statistics.median(lat) * 1e3:>8.1f} "
-                  f"{pct(lat, 99) * 1e3:>8.1f} {bad:>6}")
+                  f"{pct(lat, 99) * 1e3:>8.1f} {bad:>6} {server * 1e3:>12.1f} ms "
+                  f"{client * 1e3:>12.1f} ms {cores / server:>19.0f}")
     finally:
         srv.terminate()
         srv.wait(30)

@@ -284,27 +284,29 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     async def until_disconnect(request: Request, coro: Awaitable[T]) -> T:
         """Await ``coro``; if the client goes away first, cancel it (the engine withdraws the
         job: a queued one never runs, a running one ends within its limits)."""
-        task = asyncio.ensure_future(coro)
+        me = asyncio.current_task()
+        assert me is not None
+        gone = False
 
         async def watch() -> None:
+            nonlocal gone
             while True:
                 msg = await request.receive()
                 if msg["type"] == "http.disconnect":
+                    gone = True
+                    me.cancel()
                     return
 
+        # The work runs in this task; a watcher cancels it if the client disconnects first.
         watcher = asyncio.ensure_future(watch())
         try:
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            return await coro
         except asyncio.CancelledError:
-            task.cancel()
+            if not gone:
+                raise
+            me.uncancel()  # the cancellation was ours, and is handled here
+        finally:
             watcher.cancel()
-            raise
-        if task in done:
-            watcher.cancel()
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
         log.info("client disconnected; job withdrawn",
                  extra={"request_id": request.scope.get("state", {}).get("request_id")})
         raise _ClientGone
@@ -565,29 +567,30 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
 
     # -- SandboxFusion compatibility --------------------------------------------------------
     async def run_code(request: Request, body: sf.RunCodeRequest,
-                       url_key: str | None) -> dict[str, Any]:
+                       url_key: str | None) -> Response:
         pol = authenticate(request, url_key)
         refused = sf.unsupported(body)
-        if refused is not None:
-            return refused.model_dump()
-        program, limits = sf.to_program(
-            body, default_memory_mb=config.default_sf_memory_mb,
-            max_memory_mb=config.max_memory_mb, max_time_s=config.max_time_s)
-        with charged(pol, 1):
-            r = await until_disconnect(request, engine().run(
-                program, limits, priority="train", client=pol.id))
-        return sf.to_response(observe(r, program.language)).model_dump()
+        if refused is None:
+            program, limits = sf.to_program(
+                body, default_memory_mb=config.default_sf_memory_mb,
+                max_memory_mb=config.max_memory_mb, max_time_s=config.max_time_s)
+            with charged(pol, 1):
+                r = await until_disconnect(request, engine().run(
+                    program, limits, priority="train", client=pol.id))
+        answer = refused or sf.to_response(observe(r, program.language))
+        # The model is already valid: serialise it once, without FastAPI re-validating it.
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     @app.post("/run_code", tags=["sandboxfusion"], response_model=sf.RunCodeResponse)
     async def run_code_plain(request: Request, body: sf.RunCodeRequest,
-                             api_key: Annotated[str | None, Query()] = None) -> dict[str, Any]:
+                             api_key: Annotated[str | None, Query()] = None) -> Response:
         """SandboxFusion's /run_code (verl's ``sandbox_fusion.url`` points here)."""
         return await run_code(request, body, api_key)
 
     @app.post("/k/{api_key}/run_code", tags=["sandboxfusion"],
               response_model=sf.RunCodeResponse)
     async def run_code_keyed(request: Request, api_key: str,
-                             body: sf.RunCodeRequest) -> dict[str, Any]:
+                             body: sf.RunCodeRequest) -> Response:
         """/run_code with the API key in the URL, for clients that cannot send headers."""
         return await run_code(request, body, api_key)
 
