@@ -4,7 +4,9 @@ Prints per-run median and p99 wall time and runs/s at concurrency = cores for
   (a) a trivial Python program, (b) a 30-line solution with 5 asserts, (c) a C program
       (compile + run, isolated only),
 each under full isolation (SandboxPool) and as ``subprocess.run([sys.executable, file])``,
-and the ratio isolated/bare of the median wall time (target: <= 0.5).
+and the ratio isolated/bare of the median wall time (target: <= 0.5). The two are measured in
+alternating blocks (isolated, bare, isolated, ...), so that the drift of a shared machine's speed
+over the run weighs on both sides alike instead of on whichever went second.
 
     .venv/bin/python benchmarks/bench_sandbox.py [--runs N]
 """
@@ -87,6 +89,21 @@ async def measure(n: int, conc: int, one: Callable[[], Awaitable[float]]) -> tup
     return lat, n / (time.perf_counter() - t)
 
 
+async def interleaved(n: int, conc: int, blocks: int,
+                      sides: list[Callable[[], Awaitable[float]]]) -> list[tuple[list[float], float]]:
+    """``n`` runs of each side, in ``blocks`` alternating blocks; (latencies, runs/s) per side."""
+    lats: list[list[float]] = [[] for _ in sides]
+    spent = [0.0 for _ in sides]
+    per = max(1, n // blocks)
+    for _ in range(blocks):
+        for i, one in enumerate(sides):
+            t = time.perf_counter()
+            lat, _ = await measure(per, conc, one)
+            spent[i] += time.perf_counter() - t
+            lats[i] += lat
+    return [(lat, len(lat) / sec) for lat, sec in zip(lats, spent, strict=True)]
+
+
 def bare_runner(source: str, tmp: str) -> Callable[[], Awaitable[float]]:
     path = os.path.join(tmp, f"prog{abs(hash(source))}.py")
     with open(path, "w") as f:
@@ -133,8 +150,8 @@ async def main() -> None:
                 prog = Program(language="python", source=src)
                 await measure(10, cores, isolated_runner(pool, prog))  # warm-up
                 await measure(5, cores, bare_runner(src, tmp))
-                lat_i, rps_i = await measure(n, cores, isolated_runner(pool, prog))
-                lat_b, rps_b = await measure(n, cores, bare_runner(src, tmp))
+                (lat_i, rps_i), (lat_b, rps_b) = await interleaved(
+                    n, cores, 10, [isolated_runner(pool, prog), bare_runner(src, tmp)])
                 print(f"({label})")
                 print("  " + row("full isolation (sandloop)", lat_i, rps_i))
                 print("  " + row("bare subprocess.run, no isolation", lat_b, rps_b))
