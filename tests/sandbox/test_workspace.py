@@ -102,3 +102,23 @@ async def test_slot_restart_loses_workspace_with_clear_error_injected() -> None:
         assert (await pool.run(Program(source="print(1)"))).stdout == "1\n"  # slot replaced
         with pytest.raises(WorkspaceLost, match="restarted"):
             await pool.run_in(ws, Program(source="pass"))
+
+
+async def test_sessions_interleaved_on_one_slot_stay_apart() -> None:
+    # One slot: every turn of both sessions (and plain runs between them) is served by the
+    # slot's prepared children, each binding only its own session's dir.
+    async with SandboxPool(1) as one:
+        a = await one.open_workspace(Limits(workdir_mb=8))
+        await one.run(Program(source="pass"))  # a prepared child now exists without session b
+        b = await one.open_workspace(Limits(workdir_mb=8))
+        await one.write_files(a, {"a.txt": "A"})
+        await one.write_files(b, {"b.txt": "B"})
+        probe = Program(source="import os\nprint(sorted(os.listdir('.')))")
+        for _ in range(3):
+            ra, rb = await one.run_in(a, probe), await one.run_in(b, probe)
+            rp = await one.run(probe)
+            assert ra.stdout == "['a.txt']\n", ra
+            assert rb.stdout == "['b.txt']\n", rb
+            assert rp.stdout == "['main.py']\n", rp
+        await one.close_workspace(a)
+        await one.close_workspace(b)

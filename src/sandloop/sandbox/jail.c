@@ -44,7 +44,6 @@
 struct sl_child {
     int ctl_fd;              /* the child's end of the request socket */
     int parent_fd;           /* the zygote's end: closed in the child */
-    const char *work_bind;   /* a session's persistent work dir to bind at /sandbox, or NULL */
     const char *work_opts;   /* tmpfs options for a fresh /sandbox */
     const char *tmp_opts;    /* tmpfs options for /tmp */
     const char **tmp_binds;  /* kept copy, path under /tmp, ... (runtimes that live in /tmp) */
@@ -224,12 +223,6 @@ static void prepare(const struct sl_child *c)
     int ctl = c->ctl_fd, st = -1;
     CHECK(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "SetupError: prctl(PDEATHSIG): %s", strerror(errno));
     close(c->parent_fd);
-    if (c->work_bind != NULL)
-        CHECK(mount(c->work_bind, WORK_DIR, NULL, MS_BIND, NULL), "SetupError: mount %s: %s",
-              WORK_DIR, strerror(errno));
-    else
-        CHECK(mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, c->work_opts),
-              "SetupError: mount %s: %s", WORK_DIR, strerror(errno));
     CHECK(mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, c->tmp_opts),
           "SetupError: mount /tmp: %s", strerror(errno));
     for (int i = 0; i < c->n_tmp_binds; i++) {
@@ -247,18 +240,16 @@ static void prepare(const struct sl_child *c)
     CHECK(fd, "SetupError: oom_score_adj: %s", strerror(errno));
     CHECK(write(fd, "1000", 4), "SetupError: oom_score_adj: %s", strerror(errno));
     close(fd);
-    /* The zygote's private area (other sessions' work dirs, the host's /proc) goes away. */
-    CHECK(umount2(c->private_dir, MNT_DETACH), "SetupError: umount %s: %s", c->private_dir,
-          strerror(errno));
     CHECK(sethostname("sandbox", 7), "SetupError: sethostname: %s", strerror(errno));
     loopback_up(ctl, st);
     /* The capability bounding set is already empty (inherited from the zygote). */
 }
 
-/* Wait for the one request: 7 file descriptors (see zygote.serve_one). */
-static void receive(const struct sl_child *c, int *fds)
+/* Wait for the one request: "run" + the session work dir to bind at /sandbox (or nothing),
+ * with 7 file descriptors (see zygote.serve_one). The path is copied into work (NUL-ended). */
+static void receive(const struct sl_child *c, int *fds, char *work, size_t work_size)
 {
-    char buf[16];
+    char buf[4096];
     union {
         char space[CMSG_SPACE(sizeof(int) * 16)];
         struct cmsghdr align;
@@ -289,9 +280,39 @@ static void receive(const struct sl_child *c, int *fds)
             }
         }
     }
-    if (n <= 0 || got != N_RUN_FDS)
+    if (n < 3 || got != N_RUN_FDS || memcmp(buf, "run", 3) != 0 || (size_t)n - 3 >= work_size)
         _exit(SETUP_FAILED_EXIT);
+    memcpy(work, buf + 3, (size_t)n - 3);
+    work[n - 3] = 0;
     close(c->ctl_fd);
+}
+
+/* /sandbox: a session's work dir, or a fresh tmpfs that no earlier run touched; then the
+ * zygote's private area (other sessions' work dirs, the host's /proc) goes away. */
+static void enter_work_dir(const struct sl_child *c, const char *work, int st)
+{
+    int ctl = -1;
+    if (work[0] != 0) {
+        /* Only a session dir mounted under <private>/work/: a bare directory there would be
+         * the zygote's own tmpfs (the dir was mounted after this child was cloned). */
+        size_t plen = strlen(c->private_dir);
+        struct stat ws, bs;
+        char base[4096];
+        if (strncmp(work, c->private_dir, plen) != 0 || strncmp(work + plen, "/work/", 6) != 0 ||
+            strchr(work + plen + 6, '/') != NULL || work[plen + 6] == 0 || plen + 6 >= sizeof base)
+            fail(ctl, st, "SetupError: bad work dir '%s'", work);
+        memcpy(base, work, plen + 5);
+        base[plen + 5] = 0;
+        if (stat(work, &ws) < 0 || stat(base, &bs) < 0 || ws.st_dev == bs.st_dev)
+            fail(ctl, st, "SetupError: work dir %s is not mounted in this child", work);
+        CHECK(mount(work, WORK_DIR, NULL, MS_BIND, NULL), "SetupError: mount %s: %s", WORK_DIR,
+              strerror(errno));
+    } else {
+        CHECK(mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, c->work_opts),
+              "SetupError: mount %s: %s", WORK_DIR, strerror(errno));
+    }
+    CHECK(umount2(c->private_dir, MNT_DETACH), "SetupError: umount %s: %s", c->private_dir,
+          strerror(errno));
 }
 
 /* Step 4: rlimits, the slot's uid/gid for good, no_new_privs, seccomp, then the files. */
@@ -323,7 +344,7 @@ static void lock_down(const struct sl_child *c, const int *fds)
 /*
  * clone() into new namespaces (flags) with fork semantics. In the zygote: returns the child's
  * pid, or -errno. In the child: isolates itself, reports ready ("R" on ctl_fd), waits for its
- * request, locks itself down and returns 0 with the request's 7 descriptors in fds (the files
+ * request, mounts its work dir, locks itself down and returns 0 with the request's 7 descriptors in fds (the files
  * memfd already consumed and closed, slot -1). A failing child reports why and exits; it never
  * returns. The caller brackets this with PyOS_BeforeFork / PyOS_AfterFork_* (GIL held).
  */
@@ -332,10 +353,12 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
     long pid = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
     if (pid != 0)
         return pid < 0 ? -errno : pid;
+    char work[4096];
     prepare(c);
     if (send(c->ctl_fd, "R", 1, 0) != 1)
         _exit(SETUP_FAILED_EXIT);
-    receive(c, fds);
+    receive(c, fds, work, sizeof work);
+    enter_work_dir(c, work, fds[6]);
     lock_down(c, fds);
     fds[1] = -1;
     return 0;

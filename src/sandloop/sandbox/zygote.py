@@ -175,8 +175,7 @@ class _SlChild(ctypes.Structure):
     """``struct sl_child`` of jail.c."""
 
     _fields_ = [
-        ("ctl_fd", ctypes.c_int), ("parent_fd", ctypes.c_int),
-        ("work_bind", ctypes.c_char_p), ("work_opts", ctypes.c_char_p),
+        ("ctl_fd", ctypes.c_int), ("parent_fd", ctypes.c_int), ("work_opts", ctypes.c_char_p),
         ("tmp_opts", ctypes.c_char_p), ("tmp_binds", ctypes.POINTER(ctypes.c_char_p)),
         ("n_tmp_binds", ctypes.c_int), ("private_dir", ctypes.c_char_p),
         ("uid", ctypes.c_uint), ("gid", ctypes.c_uint),
@@ -200,17 +199,16 @@ class Jail:
 
     def _struct(self, z: Zygote, key: SpareKey) -> _SlChild:
         if key not in self._structs:
-            work, opts = key
+            opts = key
             binds = [x.encode() for pair in z.tmp_binds for x in pair]
             arr = (ctypes.c_char_p * max(1, len(binds)))(*binds)
             c = _SlChild(
-                work_bind=z.work_path(work).encode() if work else None,
                 work_opts=f"{opts},mode=0755,uid={z.uid},gid={z.gid}".encode(),
                 tmp_opts=f"{opts},mode=1777".encode(), tmp_binds=arr,
                 n_tmp_binds=len(binds) // 2, private_dir=PRIVATE.encode(), uid=z.uid,
                 gid=z.gid, bpf=z.bpf or None, bpf_len=len(z.bpf),
             )
-            if len(self._structs) > 64:  # session work dirs come and go
+            if len(self._structs) > 64:  # only the sizes of requests' work dirs vary
                 self._structs.clear()
             self._structs[key] = (c, arr, binds)
         return self._structs[key][0]
@@ -451,10 +449,13 @@ class Zygote:
         work = msg.get("work") or ""
         if work:
             self.ensure_work(work, opts)
-        key: SpareKey = (work, opts)
+        key: SpareKey = opts
         spare = self.spare
         self.spare = None
-        if spare is not None and spare.key != key:
+        # A prepared child serves any run with its tmpfs sizes, with or without a session work
+        # dir, provided that dir was mounted before the child was cloned (its mount namespace
+        # is a copy taken then).
+        if spare is not None and (spare.key != key or (work and work not in spare.works)):
             spare.discard()
             spare = None
         try:
@@ -467,7 +468,7 @@ class Zygote:
             if spare is None:
                 spare = self.spawn(key)
                 spare.wait_ready()
-            spare.dispatch(fds)
+            spare.dispatch(fds, self.work_path(work) if work else "")
         except SetupError as e:
             if spare is not None:
                 spare.discard()
@@ -510,7 +511,7 @@ class Zygote:
                         child_end.send(b"E" + f"{type(e).__name__}: {e}".encode()[:4000])
                     os._exit(SETUP_FAILED_EXIT)
                 child_end.send(b"R")
-                serve_one(self, child_end)
+                serve_one(self, child_end, key)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()
@@ -527,21 +528,18 @@ class Zygote:
             mntns = os.open(f"{PRIVATE}/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             mntns = None
-        return Spare(pid, parent_end, key, mntns, pidfd)
+        return Spare(pid, parent_end, key, mntns, pidfd, frozenset(self.work_opts))
 
     def prespawn(self) -> None:
         """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""
         if self.spare is None and self.last_key is not None and not self.running:
-            work = self.last_key[0]
-            if work and work not in self.work_opts:
-                return
             try:
                 self.spare = self.spawn(self.last_key)
             except (OSError, SetupError):
                 self.spare = None
 
 
-SpareKey = tuple[str, str]  # (persistent work dir name or "", tmpfs options)
+SpareKey = str  # the tmpfs options of /tmp (and of /sandbox when no session dir is bound)
 
 
 def tmpfs_options(size_mb: int, inodes: int) -> str:
@@ -552,10 +550,11 @@ class Spare:
     """A child that has isolated itself and waits for its request on ``ctl``."""
 
     def __init__(self, pid: int, ctl: socket.socket, key: SpareKey, mntns: int | None,
-                 pidfd: int) -> None:
+                 pidfd: int, works: frozenset[str]) -> None:
         self.pid = pid
         self.ctl = ctl
         self.key = key
+        self.works = works  # session work dirs mounted when it was cloned
         self.mntns = mntns
         self.pidfd = pidfd  # readable once the child exits; -1 once handed to the run table
         self.is_ready = False
@@ -577,9 +576,11 @@ class Spare:
             raise SetupError(f"sandbox setup failed: {detail}")
         self.is_ready = True
 
-    def dispatch(self, fds: list[int]) -> None:
+    def dispatch(self, fds: list[int], work_path: str) -> None:
+        """Send the run's descriptors, and the session work dir to bind at /sandbox (or "")."""
         try:
-            self.ctl.sendmsg([b"run"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            self.ctl.sendmsg([b"run" + work_path.encode()],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         except OSError as e:
             raise SetupError(f"sandbox child died before its run: {e}") from e
 
@@ -612,17 +613,11 @@ def write_record(fd: int, kind: bytes, payload: bytes) -> None:
 # The child: pid 1 of its own pid namespace. Every step before the program is security-relevant.
 
 
-def prepare_child(z: Zygote, key: SpareKey) -> None:
+def prepare_child(z: Zygote, opts: SpareKey) -> None:
     """Isolate this fresh child before it knows what it will run."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle child dies with the zygote
-    work, opts = key
-    # /sandbox: a fresh tmpfs that no earlier run touched (or a session's own work dir);
-    # /tmp: a fresh bounded tmpfs; /proc: this pid namespace only.
-    if work:
-        mount(z.work_path(work), WORK_DIR, None, MS_BIND)
-    else:
-        mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
+    # /tmp: a fresh bounded tmpfs; /proc: this pid namespace only. /sandbox follows with the
+    # request (enter_work_dir).
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=1777")
     for kept, path in z.tmp_binds:  # root-owned directories in a sticky /tmp: not removable
         os.makedirs(path, 0o755, exist_ok=True)
@@ -635,13 +630,27 @@ def prepare_child(z: Zygote, key: SpareKey) -> None:
         os.write(fd, b"1000")
     finally:
         os.close(fd)
-    # The zygote's private area (other sessions' work dirs, the host's /proc) goes away.
-    umount(PRIVATE, MNT_DETACH)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
     # The capability bounding set is already empty (inherited from the zygote); ids,
     # no_new_privs and seccomp follow when the request arrives (an idle prepared child stays
     # root, so no process of the slot's uid ever exists between runs).
+
+
+def enter_work_dir(z: Zygote, opts: SpareKey, work_path: str) -> None:
+    """Mount /sandbox: a session's work dir, or a fresh tmpfs that no earlier run touched; then
+    detach the zygote's private area (other sessions' work dirs, the host's /proc)."""
+    if work_path:
+        if not work_path.startswith(z.works + "/") or not work_path[len(z.works) + 1:].isalnum():
+            raise SetupError(f"bad work dir {work_path!r}")
+        # Only a mounted session dir: a bare directory would be the zygote's own tmpfs.
+        if os.stat(work_path).st_dev == os.stat(z.works).st_dev:
+            raise SetupError(f"work dir {work_path} is not mounted in this child")
+        mount(work_path, WORK_DIR, None, MS_BIND)
+    else:
+        mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
+    umount(PRIVATE, MNT_DETACH)
 
 
 def drop_privileges(z: Zygote) -> None:
@@ -661,7 +670,7 @@ def drop_privileges(z: Zygote) -> None:
         load_seccomp(z.bpf)
 
 
-def serve_one(z: Zygote, ctl: socket.socket) -> None:
+def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
     """Receive the one request, lock down, then become (or supervise) the program."""
     while True:
         try:
@@ -669,11 +678,12 @@ def serve_one(z: Zygote, ctl: socket.socket) -> None:
             break
         except InterruptedError:
             continue
-    if not msg or len(fds) != 7:
+    if not msg.startswith(b"run") or len(fds) != 7:
         os._exit(SETUP_FAILED_EXIT)
     stdin_fd, files_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd = fds
     ctl.close()
     try:
+        enter_work_dir(z, opts, msg[3:].decode())
         rlimits, _ = read_spec(spec_fd)
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
