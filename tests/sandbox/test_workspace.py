@@ -107,18 +107,20 @@ async def test_slot_restart_loses_workspace_with_clear_error_injected() -> None:
 async def test_sessions_interleaved_on_one_slot_stay_apart() -> None:
     # One slot: every turn of both sessions (and plain runs between them) is served by the
     # slot's prepared children, each binding only its own session's dir.
+    lim = Limits(workdir_mb=8)  # one tmpfs size: every prepared child fits every request
     async with SandboxPool(1) as one:
-        a = await one.open_workspace(Limits(workdir_mb=8))
-        await one.run(Program(source="pass"))  # a prepared child now exists without session b
-        b = await one.open_workspace(Limits(workdir_mb=8))
+        a = await one.open_workspace(lim)
+        await one.run(Program(source="pass"), lim)  # a prepared child now exists, without b
+        b = await one.open_workspace(lim)
+        await one.write_files(b, {"b.txt": "B"})  # the first run of b: not in that child
         await one.write_files(a, {"a.txt": "A"})
-        await one.write_files(b, {"b.txt": "B"})
-        probe = Program(source="import os\nprint(sorted(os.listdir('.')))")
+        probe = Program(source="import os\nprint(sorted(os.listdir('.')), os.statvfs('.').f_blocks)")
         for _ in range(3):
-            ra, rb = await one.run_in(a, probe), await one.run_in(b, probe)
-            rp = await one.run(probe)
-            assert ra.stdout == "['a.txt']\n", ra
-            assert rb.stdout == "['b.txt']\n", rb
-            assert rp.stdout == "['main.py']\n", rp
+            ra, rb = await one.run_in(a, probe, lim), await one.run_in(b, probe, lim)
+            rp = await one.run(probe, lim)
+            # 2048 blocks of 4 KiB: each is its own 8 MiB tmpfs, not the zygote's private one.
+            assert ra.stdout == "['a.txt'] 2048\n", ra
+            assert rb.stdout == "['b.txt'] 2048\n", rb
+            assert rp.stdout == "['main.py'] 2048\n", rp
         await one.close_workspace(a)
         await one.close_workspace(b)
