@@ -800,13 +800,17 @@ def _read_collected(name: str, cap: int) -> bytes | None:
 
 
 def _read_fd(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
+    """The whole content of a (sealed, fixed-size) memfd."""
+    size = os.fstat(fd).st_size
     chunks: list[bytes] = []
-    while True:
-        b = os.read(fd, 1 << 20)
+    pos = 0
+    while pos < size:
+        b = os.pread(fd, min(size - pos, 1 << 20), pos)
         if not b:
-            return b"".join(chunks)
+            break
         chunks.append(b)
+        pos += len(b)
+    return b"".join(chunks)
 
 
 def _write_files(files_fd: int) -> None:
