@@ -67,3 +67,36 @@ async def test_pool_uses_the_c_helper_by_default(monkeypatch: pytest.MonkeyPatch
         r = await pool.run(Program(source="print('ok')"), Limits(time_s=5))
         assert pool.jail.path is not None
     assert r.status is Status.OK and r.stdout == "ok\n"
+
+
+@needs_cc
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec tmpfs needs root")
+def test_a_library_that_cannot_load_falls_back(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cache on a noexec mount: the library builds but cannot be mapped executable. A zygote
+    # that tried to load it would fail the slot; the build says so and uses the Python steps.
+    import subprocess
+
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,mode=0700", "tmpfs", str(tmp_path)],
+                   check=True)
+    try:
+        b = build_jail()
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path)], check=True)
+    assert b.path is None and "does not load" in b.detail
+
+
+@needs_cc
+async def test_one_off_build_dir_is_removed_with_the_pool(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "sandloop").mkdir(mode=0o777)
+    (tmp_path / "sandloop").chmod(0o777)  # not trusted: the pool builds its own copy
+    async with SandboxPool(1) as pool:
+        assert (await pool.run(Program(source="pass"), Limits(time_s=5))).status is Status.OK
+        private = pool.jail.private_dir
+        assert private is not None and os.path.isdir(private)
+    assert not os.path.exists(private)

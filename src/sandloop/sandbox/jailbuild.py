@@ -9,6 +9,7 @@ zygote performs the same steps in Python (slower: about 2 ms more CPU per run).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import shutil
@@ -25,6 +26,11 @@ SOURCE = Path(__file__).with_name("jail.c")
 class JailBuild:
     path: str | None  # the shared library, or None: the Python steps are used
     detail: str  # what was used, or why not
+    private_dir: str | None = None  # a one-off build directory, to remove when the pool closes
+
+    def discard(self) -> None:
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
 def _cache_dir() -> Path:
@@ -57,13 +63,15 @@ def build_jail() -> JailBuild:
     cache = _cache_dir()
     with contextlib.suppress(OSError):
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir: str | None = None
     if _private(cache, is_dir=True):
         target = cache / name
         if _private(target, is_dir=False):
-            return JailBuild(str(target), f"C helper {target}")
+            return _loadable(JailBuild(str(target), f"C helper {target}"))
         where = cache
     else:
         where = Path(tempfile.mkdtemp(prefix="sandloop-jail-"))
+        private_dir = str(where)
         target = where / name
     fd, tmp = tempfile.mkstemp(dir=where, suffix=".so.tmp")
     os.close(fd)
@@ -79,4 +87,16 @@ def build_jail() -> JailBuild:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    return JailBuild(str(target), f"C helper {target}")
+    return _loadable(JailBuild(str(target), f"C helper {target}", private_dir))
+
+
+def _loadable(build: JailBuild) -> JailBuild:
+    """The build if the library loads here (e.g. not on a noexec mount), else the Python steps:
+    the zygote loads it the same way, and a zygote that cannot would fail the whole slot."""
+    assert build.path is not None
+    try:
+        ctypes.CDLL(build.path).sl_spawn  # noqa: B018 - resolving the symbol is the check
+    except (OSError, AttributeError) as e:
+        build.discard()
+        return JailBuild(None, f"Python steps (the C helper does not load: {e})")
+    return build

@@ -234,6 +234,7 @@ class SandboxPool:
         if self._uid_lock is not None:
             os.close(self._uid_lock)  # releases the flock on the uid range
             self._uid_lock = None
+        self.jail.discard()
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
