@@ -217,3 +217,10 @@ async def test_closed_engine_refuses_and_cancels_queued() -> None:
         await e.run(Program(source="pass"))
     assert_none_left(before)
 
+
+
+async def test_preload_reaches_the_engines_slots() -> None:
+    probe = Program(source="import sys\nprint('unittest' in sys.modules)")
+    async with Engine(slots=1, preload=("unittest",)) as e:
+        r = await e.run(probe, Limits(time_s=5))
+    assert r.status is Status.OK and r.stdout == "True\n", r
