@@ -8,19 +8,24 @@ data in the memory it inherits. Each run is a fresh child cloned into new pid, m
 and uts namespaces, which
 
   1. is born inside the slot's cgroups (memory, pids, cpu), which the zygote joined at start,
-  2. mounts a fresh size- and inode-limited tmpfs at /sandbox (or binds a session's persistent
-     work dir) and at /tmp, a /proc of its own pid namespace, brings up loopback, and pivots into
-     the zygote's minimal read-only root (runtime directories bound read-only, a few devices),
-  3. drops its capability bounding set and reports ready. A child prepared while the slot is
-     idle waits here, still root, so that a run skips clone and namespace setup;
-  4. on its request: sets rlimits, switches to the slot's unprivileged uid/gid, sets
+     lives in the zygote's minimal read-only root (runtime directories bound read-only, a few
+     devices) and has an empty capability bounding set, both inherited from the zygote,
+  2. mounts a fresh size- and inode-limited tmpfs at /tmp and a /proc of its own pid namespace,
+     brings up loopback and reports ready. A child prepared while the slot is idle waits here,
+     still root, so that a run skips clone and namespace setup;
+  3. on its request: mounts /sandbox (a fresh tmpfs, or a session's work dir), detaches the
+     zygote's private area, sets rlimits, switches to the slot's unprivileged uid/gid, sets
      no_new_privs, loads the seccomp filter, writes the files, and becomes the program (exec, or
      Python in this already-warm interpreter). When files must be collected after the run, it
      instead forks the program and stays as a trusted pid 1 that reports its status and files.
 
+Steps 2 and 3 up to the files run in C (jail.c, see Jail) when the pool could build it, else in
+Python here (prepare_child, enter_work_dir, drop_privileges, _write_files): the same steps.
+
 Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM_RIGHTS):
   supervisor -> zygote: {"op": "run", "work", "workdir_mb", "workdir_inodes"}
                            + fds [stdin, files, spec, stdout, stderr, channel, status]
+  zygote -> child:      b"run" + the session work dir to bind (or nothing), + the same fds
                         {"op": "mkwork"|"rmwork", "work": id, ...}   {"op": "ping"}
   zygote -> supervisor: {"ok": true, "pid": host_pid} (+ the child's mount-namespace fd)
                         or {"ok": false, "error": "..."}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ class ServerConfig:
     graceful_shutdown_s: float = 30.0
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every request: clients are few, parsing is not free
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
