@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from sandloop import _aio as aio
 from sandloop.engine import Engine
 from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
@@ -149,7 +149,7 @@ def exec_(
         async with SandboxPool(1, isolation=_isolation(no_isolation)) as pool:
             return await pool.run(program, limits)
 
-    result = asyncio.run(go())
+    result = aio.run(go())
     if as_json:
         print(result.to_json())
     else:
@@ -177,7 +177,7 @@ def exec_batch(
     except BatchRequestError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
-    results = asyncio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table))
+    results = aio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table))
     if table:
         _print_table(requests, results)
     raise typer.Exit(0 if all(r.status is not Status.SANDBOX_ERROR for r in results) else 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sandloop import _aio as aio
 from sandloop.engine import Engine
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
@@ -139,7 +139,7 @@ def score_command(
                                        concurrency=4 * engine.backend.slots, on_result=done)
 
     try:
-        results = asyncio.run(run())
+        results = aio.run(run())
     finally:
         if store is not None:
             store.close()

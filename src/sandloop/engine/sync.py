@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
+from sandloop import _aio as aio
 from sandloop.engine.engine import Engine, ProgramItem
 from sandloop.engine.repeat import RepeatedResult
 from sandloop.engine.session import Session
@@ -28,7 +29,7 @@ class SyncEngine:
 
     def __init__(self, **engine_kwargs: Any) -> None:
         self._kwargs = engine_kwargs
-        self._loop = asyncio.new_event_loop()
+        self._loop = aio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sandloop-engine",
                                         daemon=True)
         self._engine: Engine | None = None

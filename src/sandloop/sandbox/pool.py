@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from sandloop import _aio as aio
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
@@ -560,7 +561,7 @@ def run(program: Program, limits: Limits | None = None, *, isolation: str = "ful
         async with SandboxPool(1, isolation=isolation) as pool:
             return await pool.run(program, limits)
 
-    return asyncio.run(go())
+    return aio.run(go())
 
 
 def run_batch(
@@ -573,4 +574,4 @@ def run_batch(
         async with SandboxPool(slots, isolation=isolation) as pool:
             return await pool.run_batch(programs, limits)
 
-    return asyncio.run(go())
+    return aio.run(go())
