@@ -115,6 +115,23 @@ async def test_python_state_does_not_leak_between_runs(pool: SandboxPool) -> Non
         assert r.stdout == "3.141592653589793 [1]\n"
 
 
+async def test_python_std_streams_behave_like_a_plain_run(pool: SandboxPool) -> None:
+    # The streams are built once in the zygote over fds of the same kinds (memfd stdin, pipe
+    # stdout/stderr); a run must see them as `python main.py < file | cat` would.
+    src = ("import sys\n"
+           "print(sys.stdin.seekable(), sys.stdout.seekable(), sys.stdout.isatty(),\n"
+           "      sys.stdin.fileno(), sys.stdout.fileno(), sys.stderr.fileno(),\n"
+           "      sys.stdout.encoding, sys.stderr.line_buffering)\n"
+           "print(sys.stdin.readline().strip(), sys.stdin.read().split())\n"
+           "sys.stdin.seek(0); print(sys.stdin.read(3))\n"
+           "print('é', file=sys.stderr)\n")
+    for _ in range(2):  # the second run gets the same stream objects' fresh copies
+        r = await pool.run(Program(source=src, stdin="first\n1 2 3\n"), FAST)
+        assert r.status is Status.OK, r.stderr
+        assert r.stdout == ("True False False 0 1 2 utf-8 True\nfirst ['1', '2', '3']\nfir\n")
+        assert r.stderr == "é\n"
+
+
 async def test_each_python_run_has_its_own_random_state(pool: SandboxPool) -> None:
     # Every child is forked from the same warm interpreter: without a reseed per child, all
     # runs would draw the same "random" numbers (and repeat-k sampling would be meaningless).

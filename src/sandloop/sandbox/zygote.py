@@ -849,7 +849,6 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     """Run a Python file as ``python path argv...`` would, in this pre-warmed interpreter."""
     import atexit
     import builtins
-    import io
     import threading
     import traceback
     import types
@@ -867,13 +866,7 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(path))
     if os.getcwd() != sys.path[0]:  # a workspace run: its files are importable too
         sys.path.insert(1, os.getcwd())
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                 encoding="utf-8", errors="surrogateescape")
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-                                  encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                                  encoding="utf-8", errors="backslashreplace",
-                                  line_buffering=True)
+    sys.stdin, sys.stdout, sys.stderr = _STREAMS or _std_streams()
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
     code = 0
     try:
@@ -909,6 +902,42 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
         except BaseException:
             code = code or 120
     os._exit(code)
+
+
+def _std_streams() -> tuple[Any, Any, Any]:
+    """Text streams over fds 0, 1 and 2, as a run's program sees them."""
+    import io
+
+    return (io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                             encoding="utf-8", errors="surrogateescape"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                             encoding="utf-8", errors="backslashreplace"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                             encoding="utf-8", errors="backslashreplace", line_buffering=True))
+
+
+_STREAMS: tuple[Any, Any, Any] | None = None
+
+
+def _prepare_std_streams() -> None:
+    """Build the run's std streams once, here, over fds of the kinds a run gets (a memfd for
+    stdin, pipes for stdout and stderr), so that each child only dup2()s its own fds under them
+    instead of building three stream stacks (~0.3 ms of copy-on-write faults per run)."""
+    global _STREAMS
+    stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    r, w = os.pipe2(os.O_NONBLOCK)  # the zygote never writes there; a child's 1 and 2 are its own
+    os.dup2(stdin, 0)
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    for fd in (stdin, w):
+        os.close(fd)
+    _STREAMS = _std_streams()
+    os.set_inheritable(r, False)
+    global _STREAMS_KEEP
+    _STREAMS_KEEP = r  # the read end stays open: a stray write must not raise EPIPE
+
+
+_STREAMS_KEEP = -1
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -952,6 +981,7 @@ def main() -> None:
     for name in config.get("preload", []):
         with contextlib.suppress(ImportError):
             __import__(name)
+    _prepare_std_streams()
     # The compiler builds its AST types on first use (~2 ms): do it once here, not per run.
     compile("pass", "<warm>", "exec", dont_inherit=True)
     # Freeze the warm heap: a child's garbage collections then never touch (and copy) it.
