@@ -198,7 +198,7 @@ class Jail:
         self.lib.sl_spawn.argtypes = [ctypes.c_ulong, ctypes.POINTER(_SlChild),
                                       ctypes.POINTER(ctypes.c_int)]
         self.fds = (ctypes.c_int * 7)()
-        # One prepared struct per (work dir, tmpfs options); the objects it points into stay
+        # One prepared struct per tmpfs options (SpareKey); the objects it points into stay
         # referenced here for as long as it does.
         self._structs: dict[SpareKey, tuple[_SlChild, Any, list[bytes]]] = {}
 
