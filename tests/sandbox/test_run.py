@@ -132,6 +132,23 @@ async def test_python_std_streams_behave_like_a_plain_run(pool: SandboxPool) -> 
         assert r.stderr == "é\n"
 
 
+async def test_non_daemon_threads_finish_before_exit(pool: SandboxPool) -> None:
+    # As with `python main.py`: the program's end waits for its non-daemon threads (threading
+    # is not preloaded; the program imports it, here through queue).
+    src = ("import queue, threading, time\n"
+           "q = queue.Queue()\n"
+           "def work():\n"
+           "    time.sleep(0.2)\n"
+           "    q.put(42)\n"
+           "    print('worker done', flush=True)\n"
+           "threading.Thread(target=work).start()\n"
+           "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+           "print('main done', flush=True)\n")
+    r = await run(pool, src)
+    assert r.status is Status.OK, r.stderr
+    assert r.stdout == "main done\nworker done\n" and r.wall_time_s < 3
+
+
 async def test_each_python_run_has_its_own_random_state(pool: SandboxPool) -> None:
     # Every child is forked from the same warm interpreter: without a reseed per child, all
     # runs would draw the same "random" numbers (and repeat-k sampling would be meaningless).

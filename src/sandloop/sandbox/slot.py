@@ -53,10 +53,11 @@ class SlotBroken(RuntimeError):
 # MiB of zygote memory here), so the default holds what model-written solutions import often
 # and costs little. unittest (+2.6 MiB), dataclasses (+1.3 MiB, via inspect), statistics and
 # hashlib (+4 MiB of libcrypto) are left out: add them for suites that import them in most runs.
+# threading (and queue, which imports it) too: its at-fork hook alone costs every child ~0.4 ms.
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "collections", "itertools", "functools", "math", "re", "heapq", "bisect", "string",
     "random", "typing", "fractions", "decimal", "datetime", "copy", "operator", "io",
-    "traceback", "atexit", "threading", "textwrap", "enum", "array", "cmath", "numbers",
+    "traceback", "atexit", "textwrap", "enum", "array", "cmath", "numbers",
 )
 
 

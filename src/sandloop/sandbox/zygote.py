@@ -39,7 +39,6 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import gc
 import json
@@ -86,9 +85,11 @@ TOOLS_DIR = "/.sandloop/bin"  # must match languages.TOOLS_DIR
 PRIVATE = "/.zygote"  # the zygote's own area inside the sandbox root (see Zygote.setup)  # exit code of a child whose isolation setup failed (reported as "E")
 WORK_DIR = "/sandbox"
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# libc through the interpreter's own symbols: ctypes.util.find_library would import subprocess
+# and with it threading, whose at-fork hook costs every child ~0.4 ms (see DEFAULT_PRELOAD).
+_libc = ctypes.CDLL(None, use_errno=True)
 # PyDLL keeps the GIL across the call: clone() must return in the child holding it.
-_libc_gil = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -849,7 +850,6 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     """Run a Python file as ``python path argv...`` would, in this pre-warmed interpreter."""
     import atexit
     import builtins
-    import threading
     import traceback
     import types
 
@@ -888,9 +888,14 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
         traceback.print_exception(type(e), e, tb or e.__traceback__)
         code = 1
     try:
-        for t in threading.enumerate():
-            if t is not threading.main_thread() and not t.daemon:
-                t.join()
+        # Non-daemon threads hold the exit, as in `python main.py` (only a program that
+        # imported threading can have any).
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            main_thread = threading.main_thread()
+            for t in threading.enumerate():
+                if t is not main_thread and not t.daemon:
+                    t.join()
         atexit._run_exitfuncs()
     except SystemExit as e:
         code = _exit_code(e)
