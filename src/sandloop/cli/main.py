@@ -239,13 +239,16 @@ def score(
     slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
     no_isolation: NoIsolation = False,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
+    preload: Annotated[list[str] | None, typer.Option(
+        "--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
+                          "unittest-based suites (repeatable).")] = None,
 ) -> None:
     """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
     from sandloop.cli.score import score_command
 
     raise typer.Exit(score_command(tasks, completions, out, format, db, no_db, tuple(k or (1, 10, 100)),
                                    reward, reward_on, time_scale, slots, no_isolation, as_json,
-                                   progress=sys.stderr.isatty()))
+                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ())))
 
 
 @app.command()

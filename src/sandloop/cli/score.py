@@ -19,6 +19,7 @@ from sandloop.engine import Engine
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
+from sandloop.sandbox.slot import DEFAULT_PRELOAD
 from sandloop.store import ResultStore, StoreError
 from sandloop.tasks import TaskFormatError, load_tasks
 
@@ -85,6 +86,7 @@ def score_command(
     progress: bool = True,
     by_kind: bool = False,
     priority: str = "train",
+    preload_extra: Sequence[str] = (),
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -121,7 +123,9 @@ def score_command(
         # Through the engine, like every surface: scheduling, admission and fairness apply.
         # The verifier retries infrastructure failures itself (then reports a null reward).
         async with Engine(slots=slots, isolation="none" if no_isolation else "full",
-                          max_attempts=1) as engine:
+                          max_attempts=1,
+                          preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None
+                          ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
                                 time_scale=time_scale)
             with Progress(
