@@ -31,6 +31,7 @@ def test_doctor_json() -> None:
     names = {f["name"] for f in rep["features"]}
     assert {"namespaces", "uid_drop", "seccomp", "cgroups"} <= names
     assert rep["languages"]["python"] == "ok"
+    assert rep["child_setup"] in ("c", "python") and rep["child_setup_detail"]
 
 
 def test_exec_json(tmp_path: Path) -> None:
