@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml | $(DEB_STAMP)
 	@test -x $(VPY) || $$(command -v python3.11 || command -v python3) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
-	# verl's own sandbox_fusion client, for the compatibility test; --no-deps: not its torch/ray
-	$(VPY) -m pip install -q --no-deps 'verl>=0.4'
+	# verl's own sandbox_fusion client, OpenRLHF's reward executor and TRL's trainer source, for
+	# the compatibility tests; --no-deps: not their torch/ray stacks
+	$(VPY) -m pip install -q --no-deps 'verl>=0.4' 'openrlhf>=0.11.2,<0.12' 'trl>=1.16,<2'
 	@touch $@
 
 deps: $(STAMP)
