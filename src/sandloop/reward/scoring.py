@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.reward.verifier import CompletionResult, Verifier, completion_hash
 from sandloop.store import ResultKey, ResultStore
 from sandloop.tasks import Task
@@ -41,30 +41,26 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
     except OSError as e:
         raise CompletionFileError(f"{path}: cannot open: {e.strerror or e}") from None
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CompletionFileError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise CompletionFileError(f"{where}: expected a JSON object")
-            tid, text = rec.get("task_id"), rec.get("completion")
-            if not isinstance(tid, str):
-                raise CompletionFileError(f"{where}: field 'task_id': missing or not a string")
-            if not isinstance(text, str):
-                raise CompletionFileError(f"{where}: field 'completion': missing or not a string")
-            if tid not in tasks:
-                raise CompletionFileError(
-                    f"{where}: field 'task_id': {tid!r} is not in the task set"
-                )
-            n = per_task.get(tid, 0)
-            per_task[tid] = n + 1
-            cid = rec.get("completion_id")
-            out.append(Completion(task_id=tid, completion=text,
-                                  completion_id=str(cid) if cid is not None else str(n)))
+        try:
+            records = list(json_objects(fh))
+        except JsonLineError as e:
+            raise CompletionFileError(f"{path}:{e.line}: {e.reason}") from None
+    for lineno, rec in records:
+        where = f"{path}:{lineno}"
+        tid, text = rec.get("task_id"), rec.get("completion")
+        if not isinstance(tid, str):
+            raise CompletionFileError(f"{where}: field 'task_id': missing or not a string")
+        if not isinstance(text, str):
+            raise CompletionFileError(f"{where}: field 'completion': missing or not a string")
+        if tid not in tasks:
+            raise CompletionFileError(
+                f"{where}: field 'task_id': {tid!r} is not in the task set"
+            )
+        n = per_task.get(tid, 0)
+        per_task[tid] = n + 1
+        cid = rec.get("completion_id")
+        out.append(Completion(task_id=tid, completion=text,
+                              completion_id=str(cid) if cid is not None else str(n)))
     return out
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 from pydantic import Field, ValidationError
 
+from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.sandbox.models import Limits, Program
 
 
@@ -37,15 +37,11 @@ def _where(e: ValidationError) -> str:
 def read_requests(lines: Iterable[str]) -> list[ExecRequest]:
     """Parse and validate every line first, so a bad line fails the batch before anything runs."""
     out: list[ExecRequest] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BatchRequestError(f"line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
-        if not isinstance(data, dict):
-            raise BatchRequestError(f"line {n}: expected a JSON object, got {type(data).__name__}")
+    try:
+        objects = list(json_objects(lines))
+    except JsonLineError as e:
+        raise BatchRequestError(str(e)) from e
+    for n, data in objects:
         try:
             req = ExecRequest.model_validate(data)
         except ValidationError as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.tasks.convert import doctest_calls, split_asserts, split_check
 from sandloop.tasks.models import (
     SCHEMA,
@@ -63,21 +64,9 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise TaskFormatError(f"cannot open: {e.strerror or e}", path=str(path)) from None
     with fh:
         try:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TaskFormatError(
-                        f"not valid JSON ({e.msg} at column {e.colno})", path=str(path), line=lineno
-                    ) from None
-                if not isinstance(obj, dict):
-                    raise TaskFormatError(
-                        f"expected a JSON object, got {type(obj).__name__}",
-                        path=str(path), line=lineno,
-                    )
-                yield lineno, obj
+            yield from json_objects(fh)
+        except JsonLineError as e:
+            raise TaskFormatError(e.reason, path=str(path), line=e.line) from None
         except (OSError, EOFError, UnicodeDecodeError) as e:
             raise TaskFormatError(f"cannot read: {e}", path=str(path)) from None
 
