@@ -690,7 +690,8 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
     ctl.close()
     try:
         enter_work_dir(z, opts, msg[3:].decode())
-        rlimits, _ = read_spec(spec_fd)
+        rlimits, spec = read_spec(spec_fd)
+        os.close(spec_fd)
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
         drop_privileges(z)
@@ -700,7 +701,7 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
         with contextlib.suppress(OSError):
             write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
         os._exit(SETUP_FAILED_EXIT)
-    after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
+    run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
 
 
 SPEC_MAGIC = b"SLS1"
@@ -718,7 +719,7 @@ def read_spec(spec_fd: int) -> tuple[list[tuple[int, int]], dict[str, Any]]:
 
 def after_lockdown(stdin_fd: int, spec_fd: int, out_fd: int, err_fd: int, chan_fd: int,
                    status_fd: int) -> None:
-    """The locked-down child (slot uid, seccomp, files written) becomes or runs the program."""
+    """After jail.c: read the spec (jail.c used only its rlimits), then run the program."""
     try:
         _, spec = read_spec(spec_fd)
         os.close(spec_fd)
@@ -726,6 +727,12 @@ def after_lockdown(stdin_fd: int, spec_fd: int, out_fd: int, err_fd: int, chan_f
         with contextlib.suppress(OSError):
             write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
         os._exit(SETUP_FAILED_EXIT)
+    run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
+
+
+def run_locked_down(stdin_fd: int, spec: dict[str, Any], out_fd: int, err_fd: int, chan_fd: int,
+                    status_fd: int) -> None:
+    """The locked-down child (slot uid, seccomp, files written) becomes or runs the program."""
     collect: list[str] = spec.get("collect") or []
     if collect:
         # Stay as a trusted pid 1: fork the program, report its status and collect its files
@@ -866,7 +873,8 @@ def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(path))
     if os.getcwd() != sys.path[0]:  # a workspace run: its files are importable too
         sys.path.insert(1, os.getcwd())
-    sys.stdin, sys.stdout, sys.stderr = _STREAMS or _std_streams()
+    assert _STREAMS is not None  # built by main() before the first child
+    sys.stdin, sys.stdout, sys.stderr = _STREAMS
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
     code = 0
     try:

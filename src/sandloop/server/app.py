@@ -569,15 +569,15 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     async def run_code(request: Request, body: sf.RunCodeRequest,
                        url_key: str | None) -> Response:
         pol = authenticate(request, url_key)
-        refused = sf.unsupported(body)
-        if refused is None:
+        answer = sf.unsupported(body)
+        if answer is None:
             program, limits = sf.to_program(
                 body, default_memory_mb=config.default_sf_memory_mb,
                 max_memory_mb=config.max_memory_mb, max_time_s=config.max_time_s)
             with charged(pol, 1):
                 r = await until_disconnect(request, engine().run(
                     program, limits, priority="train", client=pol.id))
-        answer = refused or sf.to_response(observe(r, program.language))
+            answer = sf.to_response(observe(r, program.language))
         # The model is already valid: serialise it once, without FastAPI re-validating it.
         return Response(answer.model_dump_json(), media_type="application/json")
 
