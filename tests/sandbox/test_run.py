@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -234,11 +237,45 @@ async def test_work_dir_root_is_reset_between_runs(pool: SandboxPool) -> None:
         assert r.stdout == "['main.py'] 0o755 []\n"
 
 
-async def test_cpu_weight_reaches_the_cgroup(pool: SandboxPool) -> None:
-    from pathlib import Path
+def _run_groups(slot_names: set[str]) -> dict[str, Path]:
+    """The run groups of these slots that exist now (cpu hierarchy), by name."""
+    base = Path("/sys/fs/cgroup/cpu/sandloop")
+    return {p.name: p for p in base.iterdir()
+            if p.is_dir() and p.name.rpartition("r")[0] in slot_names} if base.is_dir() else {}
 
-    r = await run(pool, "pass", limits=Limits(cpu_weight=500))
-    assert r.status is Status.OK
-    shares = {Path(f"/sys/fs/cgroup/cpu/sandloop/{s.name}/cpu.shares").read_text().strip()
-              for s in pool._slots if Path(f"/sys/fs/cgroup/cpu/sandloop/{s.name}").exists()}
-    assert "5120" in shares
+
+async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
+        pool: SandboxPool) -> None:
+    slots = {s.name for s in pool._slots}
+    before = set(_run_groups(slots))
+    prog = "print(open('/proc/self/cgroup').read())\nimport time; time.sleep(1)"
+    task = asyncio.create_task(run(pool, prog, limits=Limits(time_s=5, memory_mb=200,
+                                                              cpu_weight=500)))
+    seen: dict[str, tuple[str, str, str]] = {}
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        for name, d in _run_groups(slots).items():
+            mem = Path(f"/sys/fs/cgroup/memory/sandloop/{name}")
+            with contextlib.suppress(OSError):
+                seen[name] = ((d / "cpu.shares").read_text().strip(),
+                              (mem / "memory.limit_in_bytes").read_text().strip(),
+                              (mem / "cgroup.procs").read_text())
+        if any(v[2].strip() for v in seen.values()):
+            break
+    r = await task
+    assert r.status is Status.OK, r
+    groups = dict(line.split(":", 2)[1:] for line in r.stdout.split())
+    name = groups["memory"].rsplit("/", 1)[1]
+    # The run was in a group of its own in each controller, named after its slot and run ...
+    assert groups["memory"] == groups["pids"] == f"/sandloop/{name}"
+    assert name not in before and name.rpartition("r")[0] in slots
+    # ... with the run's limits, holding only the run's processes (never the zygote) ...
+    shares, mem_limit, procs = seen[name]
+    assert shares == "5120" and int(mem_limit) == 200 << 20
+    zygotes = {s.zygote_pid for s in pool._slots}
+    assert procs.split() and not zygotes & {int(p) for p in procs.split()}
+    # ... and the group was gone when the result came back.
+    assert not any(Path(f"/sys/fs/cgroup/{c}/sandloop/{name}").exists()
+                   for c in ("memory", "pids", "cpu", "cpuacct", "freezer"))
+    r2 = await run(pool, "print(open('/proc/self/cgroup').read())")
+    assert f"/sandloop/{name}\n" not in r2.stdout

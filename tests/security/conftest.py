@@ -9,8 +9,10 @@ Every attack runs through the real sandbox (``SandboxPool``, full isolation). Ar
   tables back to their baseline (no extra work dir or tmpfs left mounted), and the slot's
   no work dir left in the zygote (one-shot runs get a tmpfs that dies with them);
 * under ``/sys/fs/cgroup/*/sandloop`` only this pool's slot groups among those created by this
-  process, no group of a dead pool (groups of other live pools on the host are tolerated), and
-  each slot group holding only its zygote and at most its prepared, still-root next child;
+  process: no run's own group (removed before its result came back; only the next run's, made
+  ahead and still empty), no group of a dead pool
+  (groups of other live pools on the host are tolerated), and each slot group holding only its
+  zygote and at most its prepared, still-root next child;
 * the host sentinel file byte-for-byte untouched;
 * the loopback TCP listener, the abstract and the path unix listeners never connected to;
 * the host "service" process (which holds a secret in its environment) still alive;
@@ -167,11 +169,17 @@ def host_audit(sandbox: PoolInfo, host_world: HostWorld) -> Iterator[None]:
         if s.broken or s.proc is None or s.zygote_pid != sandbox.zygotes[s.index]:
             problems.append(f"slot {s.index} was broken or restarted by the attack")
     ours = {s.name for s in sandbox.pool._slots}
+    # Each slot may have the next run's group made ahead: allowed while no process is in it.
+    ahead = {s._ready_cg[0].name for s in sandbox.pool._slots if s._ready_cg is not None}
+    for g in ahead:
+        if any(cgroup_procs(g).values()):
+            problems.append(f"the group made ahead for the next run already holds processes: "
+                            f"{cgroup_procs(g)}")
     me = os.getpid()
     for ctrl, groups in sandloop_cgroups().items():
         for g in groups:
             owner = _pool_owner_pid(g)
-            if g in ours or g in sandbox.preexisting:
+            if g in ours or g in ahead or g in sandbox.preexisting:
                 continue
             if owner == me:
                 problems.append(f"stray cgroup {ctrl}/sandloop/{g} created by this process")

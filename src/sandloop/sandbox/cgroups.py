@@ -1,16 +1,21 @@
-"""Per-slot control groups: memory (+swap), pids and CPU limits, and per-run measurements.
+"""Control groups: one group per run with its limits and measurements, one per slot for the zygote.
 
-Each slot owns one group (one directory per v1 controller, or one v2 directory) that its zygote
-joins at start; every run's child is then born inside it, so no process is ever migrated
-between groups on the hot path (a migration takes the kernel's cgroup threadgroup lock, which
-measured 1-11 ms per run here). Between runs the slot is idle, so the group is re-armed: limits
-set to ``zygote baseline + run limit``, the peak counter reset, CPU and OOM counters read as
-baselines. The zygote itself is protected from the OOM killer (oom_score_adj -1000) and from
-the kill sweep, so a memory bomb always kills the run, never the slot.
+Every run gets its own fresh group (one directory per v1 controller, or one v2 directory), made
+by the supervisor with the run's limits before the request; the zygote moves the run's child
+into it before handing it the request, so everything the run does is charged to the run alone,
+and the group is removed when the run is over. Counters therefore start at zero: peak memory,
+CPU time, OOM kills and pids-limit hits need no baselines, and cgroup v2 needs no resettable
+``memory.peak``. A move costs ~0.04 ms per v1 controller here (benchmarks/bench_sandbox.py
+shows the whole per-run cost); the freezer is left out of run groups because a run is a pid
+namespace, which the kernel tears down atomically when its init dies.
+
+The slot's own group holds the zygote and its prepared (idle, not yet requested) child; it has
+no limits and exists so that a slot's processes are found and killed as one. The zygote is
+protected from the OOM killer (oom_score_adj -1000), so a memory bomb kills the run, never the
+slot.
 
 Two backends with one interface: cgroup v2 (unified) where the host delegates the memory, pids
-and cpu controllers, else cgroup v1. Groups are removed when the slot closes; groups left by a
-crashed pool are swept at the next start.
+and cpu controllers, else cgroup v1. Groups left by a crashed pool are swept at the next start.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_NAME = "sandloop"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 V1_REQUIRED = ("memory", "pids", "cpuacct")
+V1_RUN_SKIP = ("freezer",)  # see the module docstring
 V2_REQUIRED = ("memory", "pids", "cpu")
 CFS_PERIOD_US = 100_000
 
@@ -47,17 +53,7 @@ class CgroupStats:
     cpu_s: float
     peak_memory_bytes: int
     oom_killed: bool
-    memory_failcnt: int
-    pids_limit_hit: bool
-
-
-@dataclass(frozen=True)
-class RunBaseline:
-    memory_bytes: int
-    cpu_ns: int
-    oom_kills: int
-    failcnt: int
-    pids_max_events: int
+    memory_failcnt: int  # allocations that hit the limit (read only when asked: see stats())
 
 
 def _write(path: str, value: str) -> None:
@@ -68,9 +64,9 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
-def _read_fresh(path: str) -> str:
-    """Read through a new open file: v1 caches an open ``cgroup.procs``'s pid list for up to
-    a second, so a re-read of a kept file could miss a process that just appeared."""
+def _read(path: str) -> str:
+    """Read through a new open file. (v1 also caches an open ``cgroup.procs``'s pid list for
+    up to a second, so a re-read of a kept file could miss a process that just appeared.)"""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
@@ -90,101 +86,105 @@ def _kv(text: str) -> dict[str, int]:
     return out
 
 
-class SlotCgroup:
-    """The group(s) of one slot. Not thread-safe: a slot runs one step at a time."""
+class Cgroup:
+    """One group: a directory per v1 controller, or one v2 directory."""
 
     def __init__(self, backend: CgroupBackend, name: str, dirs: dict[str, str]) -> None:
         self.backend = backend
         self.name = name
         self.dirs = dirs
-        self._set: dict[str, str] = {}
-        # Control files stay open for the slot's life: a run reads about ten of them, and
-        # pread/pwrite at offset 0 regenerate their contents without an open/close each.
-        self._fds: dict[tuple[str, int], int] = {}
+        self._procs_fds: list[int] = []
 
-    def _fd(self, path: str, mode: int) -> int:
-        fd = self._fds.get((path, mode))
-        if fd is None:
-            fd = self._fds[path, mode] = os.open(path, mode | os.O_CLOEXEC)
-        return fd
-
-    def read(self, path: str) -> str:
-        return os.pread(self._fd(path, os.O_RDONLY), 65536, 0).decode()
-
-    def write(self, path: str, value: str, mode: int = os.O_WRONLY) -> None:
-        os.pwrite(self._fd(path, mode), value.encode(), 0)
+    def procs_fds(self) -> list[int]:
+        """Its ``cgroup.procs`` files open for writing (kept until the group is removed): the
+        zygote moves a run's child in through them."""
+        if not self._procs_fds:
+            for path in self.procs_files:
+                self._procs_fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+        return self._procs_fds
 
     def close_files(self) -> None:
-        for fd in self._fds.values():
+        for fd in self._procs_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._fds.clear()
+        self._procs_fds = []
 
     @property
     def procs_files(self) -> list[str]:
-        """Files a process writes ``0`` to in order to join every controller of this slot."""
+        """Files a pid is written to in order to move that process into this group."""
         return [os.path.join(d, "cgroup.procs") for d in dict.fromkeys(self.dirs.values())]
 
-    def _set_once(self, path: str, value: str) -> None:
-        if self._set.get(path) != value:
-            self.write(path, value)
-            self._set[path] = value
-
     def pids(self, *, all_controllers: bool = False) -> list[int]:
-        """Processes in the group. Every process of a slot is in all of its controllers'
-        groups, so one read suffices; the sweep at removal reads them all."""
+        """Processes in the group. A process is in all of a group's controllers at once, so
+        one read suffices; the sweep at removal reads them all."""
         dirs = list(dict.fromkeys(self.dirs.values()))
         seen: set[int] = set()
         for d in dirs if all_controllers else dirs[:1]:
             with contextlib.suppress(FileNotFoundError):
-                seen.update(int(x) for x in _read_fresh(os.path.join(d, "cgroup.procs")).split())
+                seen.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
         return sorted(seen)
 
-    def arm(self, limits: CgroupLimits, keep: int) -> RunBaseline:
-        """Prepare for a run: limits relative to what the zygote already uses."""
-        return self.backend.arm(self, limits, keep)
+    def limit(self, limits: CgroupLimits) -> None:
+        """Set a fresh group's limits (before any process is in it)."""
+        self.backend.limit(self, limits)
 
-    def stats(self, base: RunBaseline) -> CgroupStats:
-        return self.backend.stats(self, base)
+    def stats(self, *, failcnt: bool = True) -> CgroupStats:
+        """What the run used. ``failcnt=False`` skips reading the allocation-failure count
+        (it only explains a failed exit), which is then 0."""
+        return self.backend.stats(self, failcnt)
 
-    def kill_all(self, exclude: int | None, timeout_s: float = 2.0) -> bool:
-        """SIGKILL every process in the group but ``exclude`` (the zygote); True when done."""
+    def cpu_s(self) -> float:
+        return self.backend.cpu_s(self)
+
+    def kill_all(self, exclude: int | None = None, timeout_s: float = 2.0) -> bool:
+        """SIGKILL every process in the group but ``exclude``; True when none is left."""
         return self.backend.kill_all(self, exclude, timeout_s)
 
-    def remove(self) -> None:
-        if self.pids(all_controllers=True) and not self.kill_all(None):
-            raise CgroupError(f"cgroup {self.name} still has processes {self.pids()}")
+    def try_remove(self) -> bool:
+        """Remove the group's directories if no process is in them; False if one still is
+        (the kernel releases an exited task's group a moment after its parent reaped it)."""
         self.close_files()
         for d in dict.fromkeys(self.dirs.values()):
-            for _ in range(100):
-                try:
-                    os.rmdir(d)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # EBUSY while the last exiting task is being released
-                    time.sleep(0.005)
-            else:
-                raise CgroupError(f"cannot remove cgroup {d}")
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+        return True
+
+    def remove(self) -> None:
+        """Kill what is left inside and remove the group, waiting for the kernel if need be."""
+        if self.pids(all_controllers=True) and not self.kill_all(None):
+            raise CgroupError(f"cgroup {self.name} still has processes {self.pids()}")
+        for _ in range(400):
+            if self.try_remove():
+                return
+            time.sleep(0.005)
+        raise CgroupError(f"cannot remove cgroup {self.name}")
 
 
 class CgroupBackend:
     version = 0
 
-    def create(self, name: str) -> SlotCgroup:
+    def create(self, name: str, *, run: bool = False) -> Cgroup:
+        """A new group; ``run`` leaves out what only a slot's group needs."""
         raise NotImplementedError
 
-    def arm(self, cg: SlotCgroup, limits: CgroupLimits, keep: int) -> RunBaseline:
+    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
         raise NotImplementedError
 
-    def stats(self, cg: SlotCgroup, base: RunBaseline) -> CgroupStats:
+    def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
+        raise NotImplementedError
+
+    def cpu_s(self, cg: Cgroup) -> float:
         raise NotImplementedError
 
     def leftover_groups(self) -> list[str]:
-        """Slot groups left by a crashed pool (swept at start-up)."""
+        """Groups left by a crashed pool (swept at start-up)."""
         raise NotImplementedError
 
-    def kill_all(self, cg: SlotCgroup, exclude: int | None, timeout_s: float) -> bool:
+    def kill_all(self, cg: Cgroup, exclude: int | None, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
             pids = [p for p in cg.pids() if p != exclude]
@@ -196,6 +196,17 @@ class CgroupBackend:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.002)
+
+    def _mkdirs(self, name: str, dirs: dict[str, str]) -> Cgroup:
+        cg = Cgroup(self, name, dirs)
+        try:
+            for d in dict.fromkeys(dirs.values()):
+                os.mkdir(d)
+        except OSError as e:
+            with contextlib.suppress(CgroupError):
+                cg.remove()
+            raise CgroupError(f"cannot create cgroup {name}: {e}") from e
+        return cg
 
 
 class CgroupV1(CgroupBackend):
@@ -211,72 +222,45 @@ class CgroupV1(CgroupBackend):
         for c in self.controllers:
             (root / c / GROUP_NAME).mkdir(exist_ok=True)
 
-    def create(self, name: str) -> SlotCgroup:
-        dirs = {c: str(self.root / c / GROUP_NAME / name) for c in self.controllers}
-        try:
-            for d in dirs.values():
-                os.mkdir(d)
-        except OSError as e:
-            SlotCgroup(self, name, dirs).remove()
-            raise CgroupError(f"cannot create cgroup {name}: {e}") from e
-        return SlotCgroup(self, name, dirs)
+    def create(self, name: str, *, run: bool = False) -> Cgroup:
+        return self._mkdirs(name, {c: str(self.root / c / GROUP_NAME / name)
+                                   for c in self.controllers
+                                   if not (run and c in V1_RUN_SKIP)})
 
-    def arm(self, cg: SlotCgroup, limits: CgroupLimits, keep: int) -> RunBaseline:
+    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
         mem = cg.dirs["memory"]
-        usage = int(cg.read(f"{mem}/memory.memsw.usage_in_bytes" if self.has_memsw
-                            else f"{mem}/memory.usage_in_bytes"))
-        # Round the baseline up so that small drifts of the zygote's usage do not rewrite limits.
-        base = -(-usage // (4 << 20)) * (4 << 20)
-        limit = str(base + limits.memory_bytes)
-        lim_file, sw_file = f"{mem}/memory.limit_in_bytes", f"{mem}/memory.memsw.limit_in_bytes"
-        old = int(cg._set.get(lim_file, str(1 << 62)))
-        # memsw must stay >= the plain limit at every moment: order the writes accordingly.
-        order = [lim_file, sw_file] if int(limit) < old else [sw_file, lim_file]
-        for f in order:
-            if f == sw_file and not self.has_memsw:
-                continue  # without swap accounting the plain limit is all there is
-            cg._set_once(f, limit)
-        cg._set_once(f"{cg.dirs['pids']}/pids.max", str(limits.max_pids + keep))
+        # A fresh group is unlimited, and memsw must stay >= the plain limit: plain first.
+        _write(f"{mem}/memory.limit_in_bytes", str(limits.memory_bytes))
+        if self.has_memsw:  # without swap accounting the plain limit is all there is
+            _write(f"{mem}/memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        _write(f"{cg.dirs['pids']}/pids.max", str(limits.max_pids))
         if "cpu" in cg.dirs:
-            cg._set_once(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
-                         str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
-            cg._set_once(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
-        cg.write(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
-                 else f"{mem}/memory.max_usage_in_bytes", "0")
-        return RunBaseline(
-            memory_bytes=usage,
-            cpu_ns=int(cg.read(f"{cg.dirs['cpuacct']}/cpuacct.usage")),
-            oom_kills=_kv(cg.read(f"{mem}/memory.oom_control")).get("oom_kill", 0),
-            failcnt=int(cg.read(f"{mem}/memory.failcnt")),
-            pids_max_events=self._pids_events(cg),
-        )
+            _write(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
+                   str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
+            if limits.weight != 100:  # a new group's cpu.shares is already 1024
+                _write(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
 
-    @staticmethod
-    def _pids_events(cg: SlotCgroup) -> int:
-        try:
-            return _kv(cg.read(f"{cg.dirs['pids']}/pids.events")).get("max", 0)
-        except FileNotFoundError:
-            return 0
+    def cpu_s(self, cg: Cgroup) -> float:
+        return int(_read(f"{cg.dirs['cpuacct']}/cpuacct.usage")) / 1e9
 
-    def stats(self, cg: SlotCgroup, base: RunBaseline) -> CgroupStats:
+    def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
         mem = cg.dirs["memory"]
-        peak = int(cg.read(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
-                           else f"{mem}/memory.max_usage_in_bytes"))
+        peak = int(_read(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
+                         else f"{mem}/memory.max_usage_in_bytes"))
         return CgroupStats(
-            cpu_s=(int(cg.read(f"{cg.dirs['cpuacct']}/cpuacct.usage")) - base.cpu_ns) / 1e9,
-            peak_memory_bytes=max(0, peak - base.memory_bytes),
-            oom_killed=_kv(cg.read(f"{mem}/memory.oom_control")).get("oom_kill", 0) > base.oom_kills,
-            memory_failcnt=int(cg.read(f"{mem}/memory.failcnt")) - base.failcnt,
-            pids_limit_hit=self._pids_events(cg) > base.pids_max_events,
+            cpu_s=self.cpu_s(cg),
+            peak_memory_bytes=peak,
+            oom_killed=_kv(_read(f"{mem}/memory.oom_control")).get("oom_kill", 0) > 0,
+            memory_failcnt=int(_read(f"{mem}/memory.failcnt")) if failcnt else 0,
         )
 
-    def kill_all(self, cg: SlotCgroup, exclude: int | None, timeout_s: float) -> bool:
-        # Freezing first stops a fork bomb from outrunning the kill loop; only possible when
-        # the zygote is not among the victims' group (it would be frozen too, harmlessly).
+    def kill_all(self, cg: Cgroup, exclude: int | None, timeout_s: float) -> bool:
+        # Freezing first stops a fork bomb from outrunning the kill loop (slot groups; a run
+        # group needs no freezer, see the module docstring).
         fz = cg.dirs.get("freezer")
         if fz is not None:
             with contextlib.suppress(OSError):
-                cg.write(f"{fz}/freezer.state", "FROZEN")
+                _write(f"{fz}/freezer.state", "FROZEN")
         try:
             for pid in cg.pids():
                 if pid != exclude:
@@ -285,7 +269,7 @@ class CgroupV1(CgroupBackend):
         finally:
             if fz is not None:
                 with contextlib.suppress(OSError):
-                    cg.write(f"{fz}/freezer.state", "THAWED")
+                    _write(f"{fz}/freezer.state", "THAWED")
         return super().kill_all(cg, exclude, timeout_s)
 
     def leftover_groups(self) -> list[str]:
@@ -298,7 +282,7 @@ class CgroupV1(CgroupBackend):
 
 
 class CgroupV2(CgroupBackend):
-    """Unified hierarchy. Needs Linux 6.12+ for a resettable ``memory.peak`` (per-fd)."""
+    """Unified hierarchy (``memory.peak`` needs Linux 5.19+)."""
 
     version = 2
 
@@ -325,49 +309,32 @@ class CgroupV2(CgroupBackend):
         if todo:
             _write(str(d / "cgroup.subtree_control"), " ".join("+" + c for c in todo))
 
-    def create(self, name: str) -> SlotCgroup:
-        d = str(self.base / name)
-        try:
-            os.mkdir(d)
-            if os.path.exists(f"{d}/memory.swap.max"):
-                _write(f"{d}/memory.swap.max", "0")
-            cg = SlotCgroup(self, name, {"unified": d})
-            cg._fd(f"{d}/memory.peak", os.O_RDWR)  # its peak is reset per open file
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-            raise CgroupError(f"cannot set up cgroup {d} (needs memory.peak, Linux 6.12+): {e}") from e
-        return cg
+    def create(self, name: str, *, run: bool = False) -> Cgroup:
+        return self._mkdirs(name, {"unified": str(self.base / name)})
 
-    def arm(self, cg: SlotCgroup, limits: CgroupLimits, keep: int) -> RunBaseline:
+    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
         d = cg.dirs["unified"]
-        usage = int(cg.read(f"{d}/memory.current"))
-        base = -(-usage // (4 << 20)) * (4 << 20)
-        cg._set_once(f"{d}/memory.max", str(base + limits.memory_bytes))
-        cg._set_once(f"{d}/pids.max", str(limits.max_pids + keep))
-        cg._set_once(f"{d}/cpu.max", f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
-        cg._set_once(f"{d}/cpu.weight", str(limits.weight))
-        # Resets the peak as seen through this open file only (hence one fd for both).
-        cg.write(f"{d}/memory.peak", "reset", os.O_RDWR)
-        ev = _kv(cg.read(f"{d}/memory.events"))
-        return RunBaseline(
-            memory_bytes=usage,
-            cpu_ns=_kv(cg.read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000,
-            oom_kills=ev.get("oom_kill", 0),
-            failcnt=ev.get("max", 0),
-            pids_max_events=_kv(cg.read(f"{d}/pids.events")).get("max", 0),
-        )
+        if not os.path.exists(f"{d}/memory.peak"):
+            raise CgroupError(f"{d} has no memory.peak: peak memory needs Linux 5.19+")
+        _write(f"{d}/memory.max", str(limits.memory_bytes))
+        if os.path.exists(f"{d}/memory.swap.max"):
+            _write(f"{d}/memory.swap.max", "0")
+        _write(f"{d}/pids.max", str(limits.max_pids))
+        _write(f"{d}/cpu.max", f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
+        if limits.weight != 100:
+            _write(f"{d}/cpu.weight", str(limits.weight))
 
-    def stats(self, cg: SlotCgroup, base: RunBaseline) -> CgroupStats:
+    def cpu_s(self, cg: Cgroup) -> float:
+        return _kv(_read(f"{cg.dirs['unified']}/cpu.stat")).get("usage_usec", 0) / 1e6
+
+    def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
         d = cg.dirs["unified"]
-        ev = _kv(cg.read(f"{d}/memory.events"))
-        peak = int(os.pread(cg._fd(f"{d}/memory.peak", os.O_RDWR), 64, 0).decode())
+        ev = _kv(_read(f"{d}/memory.events"))  # one file: the failure count costs nothing
         return CgroupStats(
-            cpu_s=(_kv(cg.read(f"{d}/cpu.stat")).get("usage_usec", 0) * 1000 - base.cpu_ns) / 1e9,
-            peak_memory_bytes=max(0, peak - base.memory_bytes),
-            oom_killed=ev.get("oom_kill", 0) > base.oom_kills,
-            memory_failcnt=ev.get("max", 0) - base.failcnt,
-            pids_limit_hit=_kv(cg.read(f"{d}/pids.events")).get("max", 0) > base.pids_max_events,
+            cpu_s=self.cpu_s(cg),
+            peak_memory_bytes=int(_read(f"{d}/memory.peak")),
+            oom_killed=ev.get("oom_kill", 0) > 0,
+            memory_failcnt=ev.get("max", 0),
         )
 
     def leftover_groups(self) -> list[str]:
@@ -386,17 +353,16 @@ def detect(root: Path = CGROUP_ROOT) -> CgroupBackend:
 
 
 def sweep_leftovers(backend: CgroupBackend, alive: set[str]) -> int:
-    """Remove slot groups whose pool process is gone, killing what is still inside."""
+    """Remove groups whose pool process is gone, killing what is still inside."""
     n = 0
     for d in backend.leftover_groups():
         name = os.path.basename(d)
         pid_txt = name[1:].split("x", 1)[0] if name.startswith("p") else ""
         if not pid_txt.isdigit() or os.path.exists(f"/proc/{pid_txt}") or name in alive:
             continue
-        cg = SlotCgroup(backend, name, {"x": d})
+        cg = Cgroup(backend, name, {"x": d})
         with contextlib.suppress(CgroupError, OSError):
             backend.kill_all(cg, None, 1.0)
-            cg.close_files()
             os.rmdir(d)
             n += 1
     return n

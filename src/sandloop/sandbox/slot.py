@@ -28,13 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.sandbox import zygote as zygote_module
-from sandloop.sandbox.cgroups import (
-    CgroupBackend,
-    CgroupError,
-    CgroupLimits,
-    CgroupStats,
-    SlotCgroup,
-)
+from sandloop.sandbox.cgroups import Cgroup, CgroupBackend, CgroupError, CgroupLimits, CgroupStats
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
 
@@ -111,7 +105,6 @@ class StepOutcome:
     rusage: dict[str, float] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     infra_error: str | None = None
-    pid_ns: int = 0  # inode of the run's pid namespace
 
 
 class _Capture:
@@ -170,7 +163,10 @@ class Slot:
         self.sock: socket.socket | None = None
         self.runs = 0
         self.broken = False
-        self.cg: SlotCgroup | None = None
+        self.cg: Cgroup | None = None  # the zygote's; each run gets its own (execute)
+        self._run_seq = itertools.count(1)
+        # The next run's group, made while this run is going (a free core does it meanwhile).
+        self._ready_cg: tuple[Cgroup, CgroupLimits] | None = None
         self._held_ns: list[int] = []
         self.workspaces: set[str] = set()  # persistent work dirs living in this zygote
         self.generation = 0  # bumped at every (re)start: workspaces do not survive one
@@ -231,6 +227,10 @@ class Slot:
             self.proc = None
         _close_fds(self._held_ns)
         self._held_ns = []
+        if self._ready_cg is not None:
+            with contextlib.suppress(CgroupError):
+                self._ready_cg[0].remove()
+            self._ready_cg = None
         if self.cg is not None:
             with contextlib.suppress(CgroupError):
                 self.cg.remove()
@@ -364,15 +364,45 @@ class Slot:
         """
         self.runs += 1
         out = StepOutcome()
-        assert self.cg is not None
-        cg = self.cg
         try:
-            base = cg.arm(CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus,
-                                       limits.cpu_weight), keep=1)
+            cg = self._run_group(_cgroup_limits(limits))
         except (CgroupError, OSError) as e:
             self.broken = True
-            out.infra_error = f"cannot arm the slot cgroup: {e}"
+            out.infra_error = f"cannot make the run's cgroup: {e}"
             return out
+        try:
+            await self._execute(cg, step, limits, stdin, files, env, work, collect, collect_max,
+                                out)
+        finally:
+            await self._remove_run_group(cg, out)
+        return out
+
+    def _run_group(self, want: CgroupLimits) -> Cgroup:
+        """A new empty group with these limits: the one made ahead if its limits match."""
+        ready, self._ready_cg = self._ready_cg, None
+        if ready is not None:
+            if ready[1] == want:
+                return ready[0]
+            with contextlib.suppress(CgroupError):  # empty, never used
+                ready[0].remove()
+        cg = self.config.cgroups.create(f"{self.name}r{next(self._run_seq)}", run=True)
+        try:
+            cg.limit(want)
+            cg.procs_fds()
+        except BaseException:
+            cg.try_remove()
+            raise
+        return cg
+
+    def _make_ready_group(self, want: CgroupLimits) -> None:
+        if self._ready_cg is None:
+            # A failure here shows again, and is reported, when the next run makes its own.
+            with contextlib.suppress(CgroupError, OSError):
+                self._ready_cg = (self._run_group(want), want)
+
+    async def _execute(self, cg: Cgroup, step: Step, limits: StepLimits, stdin: bytes,
+                       files: bytes, env: dict[str, str], work: str | None,
+                       collect: tuple[str, ...], collect_max: int, out: StepOutcome) -> None:
         rlimits = (
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_NOFILE, limits.open_files),
@@ -385,22 +415,33 @@ class Slot:
                 "collect_max": collect_max}
         fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
         try:
-            await self._run_child(limits, work, cg, base, fds, out)
+            await self._run_child(limits, work, cg, fds, out)
         finally:
             for fd in fds:
                 if fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
         try:
-            out.stats = cg.stats(base)
+            out.stats = cg.stats(failcnt=out.wait_status != 0)
         except OSError as e:
             out.infra_error = f"cannot read cgroup statistics: {e}"
-        # The kernel killed every process of the run's pid namespace when its init died; a
-        # survivor would be a kernel bug or a broken assumption, so look, and kill if found.
-        if out.pid_ns and not _sweep_pid_ns(cg, out.pid_ns, self.zygote_pid):
-            self.broken = True
-            out.infra_error = "run left processes behind that could not be killed"
-        return out
+
+    async def _remove_run_group(self, cg: Cgroup, out: StepOutcome) -> None:
+        """Remove the run's group before its result is returned: no cgroup outlives its run.
+
+        The kernel killed every process of the run's pid namespace when its init died, and
+        only the run's processes were ever in this group; a survivor would be a kernel bug or
+        a broken assumption, so look, and kill if found.
+        """
+        for attempt in range(200):
+            if cg.try_remove():
+                return
+            if attempt == 0 and not cg.kill_all(timeout_s=0.5):
+                break
+            await asyncio.sleep(0.001 if attempt < 20 else 0.01)
+        self.broken = True
+        out.infra_error = (f"the run's cgroup {cg.name} could not be removed"
+                           f" (processes {cg.pids(all_controllers=True)} left)")
 
     def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
         # Order matters: zygote.serve_one expects
@@ -419,8 +460,7 @@ class Slot:
         self,
         limits: StepLimits,
         work: str | None,
-        cg: SlotCgroup,
-        base: Any,
+        cg: Cgroup,
         fds: list[int],
         out: StepOutcome,
     ) -> None:
@@ -431,6 +471,8 @@ class Slot:
             "work": work or "",
             "workdir_mb": limits.workdir_mb,
             "workdir_inodes": limits.workdir_inodes,
+            # The zygote moves the child into the run's group before sending it the request.
+            "ncg": len(cg.procs_files),
         }
         captures = {
             "out": _Capture(out_r, limits.stdout_bytes),
@@ -449,7 +491,7 @@ class Slot:
                 with contextlib.suppress(ProcessLookupError, OSError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             # The pid namespace dies with its init; the cgroup sweep is the backstop.
-            cg.kill_all(exclude=self.zygote_pid, timeout_s=0.0)
+            cg.kill_all(timeout_s=0.0)
 
         def on_out(n: int) -> None:
             nonlocal total_out
@@ -462,8 +504,10 @@ class Slot:
             os.set_blocking(fd, False)
         try:
             reply = await self._request(
-                msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w], timeout=30.0
-            )
+                msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *cg.procs_fds()],
+                timeout=30.0)
+        except OSError as e:
+            reply = {"ok": False, "error": f"cannot open the run's cgroup: {e}"}
         finally:
             for i in (3, 5, 7, 9):  # our copies of the write ends: EOF must mean the run is over
                 os.close(fds[i])
@@ -473,17 +517,16 @@ class Slot:
             return
         pid = int(reply["pid"])
         held_ns = reply.get("_fds", [])
-        with contextlib.suppress(OSError):
-            out.pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
         with contextlib.suppress(ProcessLookupError, OSError):
             pidfd = os.pidfd_open(pid)
         for cap in captures.values():
             loop.add_reader(cap.fd, cap.on_readable, on_out)
         loop.add_reader(status.fd, status.on_readable, lambda n: None)
+        self._make_ready_group(_cgroup_limits(limits))
         deadline = start + limits.wall_s
         try:
             try:
-                await _watch_run(status, deadline, limits, cg, base, kill)
+                await _watch_run(status, deadline, limits, cg, kill)
             except asyncio.CancelledError:
                 # The caller gave up (a client went away): the run must not outlive the request
                 # nor share the slot with the next one. Kill it and wait for it, then re-raise.
@@ -552,8 +595,8 @@ async def _settled(fut: asyncio.Future[Any], timeout: float) -> bool:
     return fut.done()
 
 
-async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: SlotCgroup,
-                     base: Any, kill: Callable[[str], None]) -> None:
+async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: Cgroup,
+                     kill: Callable[[str], None]) -> None:
     """Wait for the run to end, killing it at the wall deadline or past its CPU budget."""
     while not status.eof.done():
         remaining = deadline - time.monotonic()
@@ -563,9 +606,13 @@ async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: 
         await _settled(status.eof, min(remaining, 0.1))
         if not status.eof.done():
             with contextlib.suppress(OSError):
-                if cg.stats(base).cpu_s > limits.cpu_s:
+                if cg.cpu_s() > limits.cpu_s:
                     kill("cpu")
                     return
+
+
+def _cgroup_limits(limits: StepLimits) -> CgroupLimits:
+    return CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus, limits.cpu_weight)
 
 
 def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: dict[str, Any]) -> bytes:
@@ -598,31 +645,6 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
     if program is not None and out.setup_error is None:
         out.wait_status = int(program["status"])
         out.rusage = {k: float(v) for k, v in program.items() if k != "status"}
-
-
-def _sweep_pid_ns(cg: SlotCgroup, pid_ns: int, zygote: int) -> bool:
-    """Kill processes of the slot's group that belong to the finished run's pid namespace.
-
-    The group also holds the zygote and possibly the next run's prepared (idle, root) child,
-    which live in other pid namespaces and are left alone. True when no run process is left.
-    """
-    for _ in range(3):
-        left = []
-        for p in cg.pids():
-            if p == zygote:
-                continue
-            try:
-                if os.stat(f"/proc/{p}/ns/pid").st_ino == pid_ns:
-                    left.append(p)
-            except OSError:
-                continue
-        if not left:
-            return True
-        for p in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
-        time.sleep(0.01)
-    return False
 
 
 def _close_fds(fds: list[int]) -> None:

@@ -7,13 +7,14 @@ files (they travel in memfds that only the child opens), so no child can find an
 data in the memory it inherits. Each run is a fresh child cloned into new pid, mount, net, ipc
 and uts namespaces, which
 
-  1. is born inside the slot's cgroups (memory, pids, cpu), which the zygote joined at start,
+  1. is born inside the slot's (limit-free) cgroups, which the zygote joined at start,
      lives in the zygote's minimal read-only root (runtime directories bound read-only, a few
      devices) and has an empty capability bounding set, both inherited from the zygote,
   2. mounts a fresh size- and inode-limited tmpfs at /tmp and a /proc of its own pid namespace,
      brings up loopback and reports ready. A child prepared while the slot is idle waits here,
      still root, so that a run skips clone and namespace setup;
-  3. on its request: mounts /sandbox (a fresh tmpfs, or a session's work dir), detaches the
+  3. is moved by the zygote into the run's own cgroups (made by the supervisor with the run's
+     limits), and then, on its request: mounts /sandbox (a fresh tmpfs, or a session's work dir), detaches the
      zygote's private area, sets rlimits, switches to the slot's unprivileged uid/gid, sets
      no_new_privs, loads the seccomp filter, writes the files, and becomes the program (exec, or
      Python in this already-warm interpreter). When files must be collected after the run, it
@@ -23,8 +24,9 @@ Steps 2 and 3 up to the files run in C (jail.c, see Jail) when the pool could bu
 Python here (prepare_child, enter_work_dir, drop_privileges, _write_files): the same steps.
 
 Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM_RIGHTS):
-  supervisor -> zygote: {"op": "run", "work", "workdir_mb", "workdir_inodes"}
+  supervisor -> zygote: {"op": "run", "work", "workdir_mb", "workdir_inodes", "ncg"}
                            + fds [stdin, files, spec, stdout, stderr, channel, status]
+                           + ncg cgroup.procs files of the run's groups
   zygote -> child:      b"run" + the session work dir to bind (or nothing), + the same fds
                         {"op": "mkwork"|"rmwork", "work": id, ...}   {"op": "ping"}
   zygote -> supervisor: {"ok": true, "pid": host_pid} (+ the child's mount-namespace fd)
@@ -270,7 +272,7 @@ class Zygote:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the supervisor is already gone
             os._exit(0)
-        # Join the slot's cgroups: every run is born inside them, so none is migrated later.
+        # Join the slot's cgroups (children are born inside them, then moved to their run's).
         for procs in self.cgroups:
             with open(procs, "w") as f:
                 f.write("0")
@@ -449,8 +451,10 @@ class Zygote:
             return {"ok": True}
         if op != "run":
             return {"ok": False, "error": f"unknown op {op!r}"}
-        if len(fds) != 7:
-            return {"ok": False, "error": f"run needs 7 fds, got {len(fds)}"}
+        ncg = int(msg.get("ncg", 0))  # after the 7 run fds: the run's cgroup.procs files
+        if len(fds) != 7 + ncg:
+            return {"ok": False, "error": f"run needs 7 fds + {ncg} cgroups, got {len(fds)}"}
+        run_fds = fds[:7]
         opts = tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"])
         work = msg.get("work") or ""
         if work:
@@ -474,7 +478,14 @@ class Zygote:
             if spare is None:
                 spare = self.spawn(key)
                 spare.wait_ready()
-            spare.dispatch(fds, self.work_path(work) if work else "")
+            # Into the run's own groups while it still waits for its request: everything the
+            # run does is charged to them, and its processes are found there.
+            for procs in fds[7:]:
+                try:
+                    os.write(procs, str(spare.pid).encode())
+                except OSError as e:
+                    raise SetupError(f"cannot move the child into the run's cgroup: {e}") from e
+            spare.dispatch(run_fds, self.work_path(work) if work else "")
         except SetupError as e:
             if spare is not None:
                 spare.discard()
