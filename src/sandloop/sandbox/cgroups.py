@@ -77,6 +77,15 @@ def _read(path: str) -> str:
         os.close(fd)
 
 
+def _read_small(path: str) -> str:
+    """A control file of a few lines: one read returns it whole (kernfs fills the buffer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
 def _kv(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
@@ -221,11 +230,12 @@ class CgroupV1(CgroupBackend):
         self.has_memsw = (root / "memory" / "memory.memsw.limit_in_bytes").exists()
         for c in self.controllers:
             (root / c / GROUP_NAME).mkdir(exist_ok=True)
+        self._bases = {c: f"{root}/{c}/{GROUP_NAME}/" for c in self.controllers}
+        self._run_bases = {c: b for c, b in self._bases.items() if c not in V1_RUN_SKIP}
 
     def create(self, name: str, *, run: bool = False) -> Cgroup:
-        return self._mkdirs(name, {c: str(self.root / c / GROUP_NAME / name)
-                                   for c in self.controllers
-                                   if not (run and c in V1_RUN_SKIP)})
+        bases = self._run_bases if run else self._bases
+        return self._mkdirs(name, {c: b + name for c, b in bases.items()})
 
     def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
         mem = cg.dirs["memory"]
@@ -241,17 +251,17 @@ class CgroupV1(CgroupBackend):
                 _write(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
 
     def cpu_s(self, cg: Cgroup) -> float:
-        return int(_read(f"{cg.dirs['cpuacct']}/cpuacct.usage")) / 1e9
+        return int(_read_small(f"{cg.dirs['cpuacct']}/cpuacct.usage")) / 1e9
 
     def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
         mem = cg.dirs["memory"]
-        peak = int(_read(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
-                         else f"{mem}/memory.max_usage_in_bytes"))
+        peak = int(_read_small(f"{mem}/memory.memsw.max_usage_in_bytes" if self.has_memsw
+                               else f"{mem}/memory.max_usage_in_bytes"))
         return CgroupStats(
             cpu_s=self.cpu_s(cg),
             peak_memory_bytes=peak,
-            oom_killed=_kv(_read(f"{mem}/memory.oom_control")).get("oom_kill", 0) > 0,
-            memory_failcnt=int(_read(f"{mem}/memory.failcnt")) if failcnt else 0,
+            oom_killed=_kv(_read_small(f"{mem}/memory.oom_control")).get("oom_kill", 0) > 0,
+            memory_failcnt=int(_read_small(f"{mem}/memory.failcnt")) if failcnt else 0,
         )
 
     def kill_all(self, cg: Cgroup, exclude: int | None, timeout_s: float) -> bool:
@@ -325,14 +335,14 @@ class CgroupV2(CgroupBackend):
             _write(f"{d}/cpu.weight", str(limits.weight))
 
     def cpu_s(self, cg: Cgroup) -> float:
-        return _kv(_read(f"{cg.dirs['unified']}/cpu.stat")).get("usage_usec", 0) / 1e6
+        return _kv(_read_small(f"{cg.dirs['unified']}/cpu.stat")).get("usage_usec", 0) / 1e6
 
     def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
         d = cg.dirs["unified"]
-        ev = _kv(_read(f"{d}/memory.events"))  # one file: the failure count costs nothing
+        ev = _kv(_read_small(f"{d}/memory.events"))  # one file: the failure count costs nothing
         return CgroupStats(
             cpu_s=self.cpu_s(cg),
-            peak_memory_bytes=int(_read(f"{d}/memory.peak")),
+            peak_memory_bytes=int(_read_small(f"{d}/memory.peak")),
             oom_killed=ev.get("oom_kill", 0) > 0,
             memory_failcnt=ev.get("max", 0),
         )
