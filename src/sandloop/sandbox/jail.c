@@ -292,6 +292,9 @@ static void receive(const struct sl_child *c, int *fds, char *work, size_t work_
 static void enter_work_dir(const struct sl_child *c, const char *work, int st)
 {
     int ctl = -1;
+    /* The zygote moved this child into the run's own cgroups before the request: make them the
+     * root of a cgroup namespace, so that the run sees "/" and not the host's group names. */
+    CHECK(unshare(CLONE_NEWCGROUP), "SetupError: unshare(CLONE_NEWCGROUP): %s", strerror(errno));
     if (work[0] != 0) {
         /* Only a session dir mounted under <private>/work/: a bare directory there would be
          * the zygote's own tmpfs (the dir was mounted after this child was cloned). */

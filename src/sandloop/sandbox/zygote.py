@@ -55,6 +55,7 @@ import sys
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
@@ -656,7 +657,11 @@ def prepare_child(z: Zygote, opts: SpareKey) -> None:
 
 def enter_work_dir(z: Zygote, opts: SpareKey, work_path: str) -> None:
     """Mount /sandbox: a session's work dir, or a fresh tmpfs that no earlier run touched; then
-    detach the zygote's private area (other sessions' work dirs, the host's /proc)."""
+    detach the zygote's private area (other sessions' work dirs, the host's /proc).
+
+    First, the run's own cgroups (the zygote moved this child into them before the request)
+    become the root of a cgroup namespace: the run sees "/", not the host's group names."""
+    _check(_libc.unshare(CLONE_NEWCGROUP), "unshare(CLONE_NEWCGROUP)")
     if work_path:
         if not work_path.startswith(z.works + "/") or not work_path[len(z.works) + 1:].isalnum():
             raise SetupError(f"bad work dir {work_path!r}")
