@@ -21,6 +21,7 @@ and cpu controllers, else cgroup v1. Groups left by a crashed pool are swept at 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -310,7 +311,7 @@ class CgroupV2(CgroupBackend):
             self.base.mkdir(exist_ok=True)
             self._enable(self.base)
         except OSError as e:
-            raise CgroupError(f"cannot delegate {', '.join(V2_REQUIRED)} to {self.base}: {e}") from e
+            raise CgroupError(_delegation_error(root, self.base, e)) from e
 
     @staticmethod
     def _enable(d: Path) -> None:
@@ -349,6 +350,26 @@ class CgroupV2(CgroupBackend):
 
     def leftover_groups(self) -> list[str]:
         return [str(p) for p in self.base.iterdir() if p.is_dir()] if self.base.is_dir() else []
+
+
+def _delegation_error(root: Path, base: Path, e: OSError) -> str:
+    """Why the controllers could not be handed down to ``base``, and what to do about it."""
+    what = f"cannot delegate {', '.join(V2_REQUIRED)} to {base}: {e}"
+    if e.errno == errno.EBUSY:
+        # cgroup v2's no-internal-processes rule: a non-root group that holds processes cannot
+        # enable controllers for its children. Inside a container with its own cgroup
+        # namespace, the container's root group is such a group and holds every process.
+        return (f"{what}. {root} holds processes (typical inside a container with its own "
+                "cgroup namespace), and cgroup v2 lets a group that holds processes give no "
+                f"controller to child groups. Move them into a leaf group first: mkdir "
+                f"{root}/init && for p in $(cat {root}/cgroup.procs); do echo $p > "
+                f"{root}/init/cgroup.procs; done. Or run sandloop as a systemd unit with "
+                "Delegate=yes")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (f"{what}. The cgroup file system is not writable here (an unprivileged "
+                "container?): give sandloop a writable cgroup mount (e.g. a privileged "
+                "container) and run it as root")
+    return what
 
 
 def detect(root: Path = CGROUP_ROOT) -> CgroupBackend:
