@@ -44,3 +44,22 @@ def test_v2_without_the_needed_controllers_is_refused(tmp_path: Path) -> None:
     (root / "cgroup.controllers").write_text("hugetlb\n")
     with pytest.raises(cgroups.CgroupError, match=r"not available.*memory, pids, cpu"):
         cgroups.CgroupV2(root)
+
+
+def test_v1_co_mounted_controllers_share_one_group_directory(tmp_path: Path) -> None:
+    # systemd hosts mount cpu and cpuacct together and link both names to that hierarchy:
+    # a group must be made once there, not twice (the second mkdir would fail).
+    for d in ("memory", "pids", "cpu,cpuacct", "freezer"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "cgroup.procs").write_text("")
+    (tmp_path / "cpu").symlink_to("cpu,cpuacct")
+    (tmp_path / "cpuacct").symlink_to("cpu,cpuacct")
+    v1 = cgroups.CgroupV1(tmp_path)
+    assert v1.controllers == ["memory", "pids", "cpu", "cpuacct", "freezer"]
+    cg = v1.create("p1x0-s0r1", run=True)
+    assert cg.dirs["cpu"] == cg.dirs["cpuacct"] == str(tmp_path / "cpu,cpuacct/sandloop/p1x0-s0r1")
+    assert len(cg.procs_files) == 3 and "freezer" not in cg.dirs  # memory, pids, cpu+cpuacct
+    assert sorted(v1.leftover_groups()) == sorted(
+        str(tmp_path / c / "sandloop/p1x0-s0r1") for c in ("memory", "pids", "cpu,cpuacct"))
+    assert cg.try_remove()
+    assert v1.leftover_groups() == []

@@ -229,9 +229,12 @@ class CgroupV1(CgroupBackend):
         if missing:
             raise CgroupError(f"cgroup v1 controllers missing: {', '.join(missing)}")
         self.has_memsw = (root / "memory" / "memory.memsw.limit_in_bytes").exists()
-        for c in self.controllers:
-            (root / c / GROUP_NAME).mkdir(exist_ok=True)
-        self._bases = {c: f"{root}/{c}/{GROUP_NAME}/" for c in self.controllers}
+        # Co-mounted controllers share one hierarchy (systemd mounts "cpu,cpuacct" and links
+        # cpu and cpuacct to it): resolve, so that such a pair maps to one directory.
+        real = {c: os.path.realpath(root / c) for c in self.controllers}
+        for d in set(real.values()):
+            os.makedirs(f"{d}/{GROUP_NAME}", exist_ok=True)
+        self._bases = {c: f"{real[c]}/{GROUP_NAME}/" for c in self.controllers}
         self._run_bases = {c: b for c, b in self._bases.items() if c not in V1_RUN_SKIP}
 
     def create(self, name: str, *, run: bool = False) -> Cgroup:
@@ -285,10 +288,9 @@ class CgroupV1(CgroupBackend):
 
     def leftover_groups(self) -> list[str]:
         out: list[str] = []
-        for c in self.controllers:
-            base = self.root / c / GROUP_NAME
-            if base.is_dir():
-                out.extend(str(p) for p in base.iterdir() if p.is_dir())
+        for base in dict.fromkeys(self._bases.values()):
+            if os.path.isdir(base):
+                out.extend(str(p) for p in Path(base).iterdir() if p.is_dir())
         return out
 
 
