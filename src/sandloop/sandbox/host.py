@@ -46,18 +46,19 @@ class HostReport:
 
 
 def _probe_namespaces() -> Feature:
-    """Fork a child that enters new pid/mount/net/ipc/uts namespaces, as each run's child will."""
+    """Fork a child that enters new pid/mount/net/ipc/uts/cgroup namespaces, as each run's
+    child will."""
     if os.geteuid() != 0:
         return Feature("namespaces", False, "not running as root",
                        "run sandloop as root (or in a container with CAP_SYS_ADMIN)")
     libc = ctypes.CDLL(None, use_errno=True)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
-        flags = 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x20000000
+        flags = 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x20000000 | 0x02000000
         os._exit(0 if libc.unshare(flags) == 0 else 1)
     _, status = os.waitpid(pid, 0)
     ok = os.waitstatus_to_exitcode(status) == 0
-    return Feature("namespaces", ok, "pid, mount, net, ipc, uts" if ok else "unshare() failed",
+    return Feature("namespaces", ok, "pid, mount, net, ipc, uts, cgroup" if ok else "unshare() failed",
                    "" if ok else "allow namespace creation (kernel.unprivileged_userns_clone, "
                    "container seccomp profile)")
 
