@@ -716,6 +716,29 @@ async def test_file_table_cannot_name_host_paths(sandbox: PoolInfo) -> None:
     assert not os.path.exists("/etc/sandloop-planted")
 
 
+async def test_run_without_its_cgroups_is_refused_fault_injected(
+        sandbox: PoolInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fault injection: a supervisor bug that sends a run without its cgroup files. The run
+    # would stay in the slot's group, which has no limits; the zygote refuses it instead.
+    from sandloop.sandbox import cgroups
+
+    monkeypatch.setattr(cgroups.Cgroup, "procs_files", property(lambda self: []))
+    monkeypatch.setattr(cgroups.Cgroup, "procs_fds", lambda self: [])
+    slot = sandbox.pool._slots[0]
+    await sandbox.pool._free.acquire(slot)  # type: ignore[union-attr]
+    try:
+        spec = spec_for("python", main_dir=WORK_DIR)
+        main = spec.main_file.encode()
+        src = b"print('ran unlimited')\n"
+        table = struct.pack("<IQH", len(main), len(src), 0o644) + main + src
+        o = await slot.execute(spec.run, _step_limits(TIGHT, compile_step=False), stdin=b"",
+                               files=table, env=sandbox_env("python"))
+    finally:
+        sandbox.pool._free.release(slot)  # type: ignore[union-attr]
+    assert o.infra_error is not None and "cgroups" in o.infra_error, o
+    assert o.wait_status is None and b"ran" not in o.stdout
+
+
 async def test_hostname_isolated(sandbox: PoolInfo, host_world: HostWorld) -> None:
     seen = report(await attack(sandbox.pool, ID_PROBE))
     assert seen["hostname"] == seen["nodename"] == seen["proc_hostname"] == "sandbox"

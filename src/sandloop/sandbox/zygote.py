@@ -452,9 +452,11 @@ class Zygote:
             return {"ok": True}
         if op != "run":
             return {"ok": False, "error": f"unknown op {op!r}"}
-        ncg = int(msg.get("ncg", 0))  # after the 7 run fds: the run's cgroup.procs files
-        if len(fds) != 7 + ncg:
-            return {"ok": False, "error": f"run needs 7 fds + {ncg} cgroups, got {len(fds)}"}
+        # After the 7 run fds: the run's cgroup.procs files. Without them the run would stay in
+        # the slot's group, which has no limits: refuse rather than run with less isolation.
+        ncg = int(msg.get("ncg", 0))
+        if ncg < 1 or len(fds) != 7 + ncg:
+            return {"ok": False, "error": f"run needs 7 fds + its cgroups ({ncg}), got {len(fds)}"}
         run_fds = fds[:7]
         opts = tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"])
         work = msg.get("work") or ""
