@@ -275,16 +275,20 @@ def serve(
     preload: Annotated[list[str] | None, typer.Option(
         "--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
                           "unittest-based suites (repeatable).")] = None,
+    usage_db: Annotated[Path | None, typer.Option(
+        "--usage-db", help="Where quota use per key is kept across restarts; default: next to "
+                           "the keys file (KEYS.usage.sqlite).")] = None,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
     from sandloop.server.auth import KeysFileError
     from sandloop.server.cli import serve_command
+    from sandloop.server.usage import UsageLedgerError
 
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
                       tuple(task_set or ["humaneval"]), max_body_mb, log_level,
-                      tuple(preload or ()))
-    except (ValueError, KeysFileError) as e:
+                      tuple(preload or ()), usage_db)
+    except (ValueError, KeysFileError, UsageLedgerError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
 

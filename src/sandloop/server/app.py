@@ -40,6 +40,7 @@ from sandloop.server import sandboxfusion as sf
 from sandloop.server.auth import KeyPolicy, KeyStore, Refused
 from sandloop.server.config import ServerConfig, is_loopback
 from sandloop.server.observability import Metrics, RequestMiddleware, log
+from sandloop.server.usage import UsageLedger, default_usage_path
 from sandloop.store import ResultStore
 from sandloop.tasks import Task, TaskFormatError, load_tasks
 
@@ -138,6 +139,13 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     """The ASGI app. The engine starts in the app's lifespan and closes on shutdown."""
     config = config or ServerConfig()
     keys = keys if keys is not None else KeyStore.load(config.keys_file)
+    ledger: UsageLedger | None = None
+    usage_path = config.usage_db or (default_usage_path(config.keys_file)
+                                     if config.keys_file is not None else None)
+    if keys.enabled and usage_path is not None:
+        # Quota use outlives the process: a restart must not hand out fresh quotas.
+        ledger = UsageLedger(usage_path)
+        keys.attach_ledger(ledger)
     st = _State(config, keys)
 
     @contextlib.asynccontextmanager
@@ -166,6 +174,8 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
             await engine.close()
             if st.store is not None:
                 st.store.close()
+            if ledger is not None:
+                ledger.close()
             st.engine = None
 
     app = FastAPI(
@@ -182,7 +192,8 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
 
     @app.exception_handler(Refused)
     async def _refused(_: Request, e: Refused) -> JSONResponse:
-        st.metrics.refused.labels({401: "auth", 403: "forbidden"}.get(e.status, "limit")).inc()
+        st.metrics.refused.labels({401: "auth", 403: "forbidden", 503: "unavailable"}
+                                  .get(e.status, "limit")).inc()
         return error(e.status, e.message, e.retry_after_s)
 
     @app.exception_handler(RateLimited)

@@ -4,7 +4,9 @@ The keys file is JSON: ``{"keys": [{"id": "trainer-a", "sha256": "<hex>", "rate"
 "burst": 100, "max_runs": 1000000, "max_concurrent": 256, "weight": 1.0}]}``. Only ``id`` and
 ``sha256`` are required. ``sandloop serve`` never sees a token in clear except in requests; tokens
 are random (``sl-`` + 32 random bytes), so a plain SHA-256 is enough (no password stretching).
-Create keys with ``sandloop add-key --keys-file F --id NAME``.
+Create keys with ``sandloop add-key --keys-file F --id NAME``. Quota use (``max_runs``) is kept
+in a :class:`~sandloop.server.usage.UsageLedger` when one is attached, so it survives restarts;
+rate-limit buckets and in-flight counts are live state and start afresh.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandloop.engine.scheduling import TokenBucket
+from sandloop.server.usage import UsageLedger, UsageLedgerError
 
 __all__ = [
     "ANONYMOUS",
@@ -89,17 +92,23 @@ class KeyPolicy:
     runs: int = 0
     inflight: int = 0
     refused: dict[str, int] = field(default_factory=dict)
+    ledger: UsageLedger | None = None  # where quota use is kept (else in memory only)
 
     @property
     def id(self) -> str:
         return self.record.id
 
+    def _over_quota(self) -> Refused:
+        r = self.record
+        return Refused(429, f"key {r.id!r} has used {self.runs} of its quota of {r.max_runs} "
+                            "runs; ask the operator to raise max_runs")
+
     def admit(self, runs: int) -> None:
-        """Charge ``runs`` runs to this key or raise :class:`Refused` (429)."""
+        """Charge ``runs`` runs to this key or raise :class:`Refused` (429; 503 when the quota
+        ledger cannot be written)."""
         r = self.record
         if r.max_runs is not None and self.runs + runs > r.max_runs:
-            raise Refused(429, f"key {r.id!r} has used {self.runs} of its quota of {r.max_runs} "
-                               "runs; ask the operator to raise max_runs")
+            raise self._over_quota()
         if r.max_concurrent is not None and self.inflight >= r.max_concurrent:
             raise Refused(429, f"key {r.id!r} already has {self.inflight} requests in flight "
                                f"(max_concurrent={r.max_concurrent}); wait for results",
@@ -112,7 +121,17 @@ class KeyPolicy:
             if wait > 0:
                 raise Refused(429, f"key {r.id!r} exceeded its rate limit of {r.rate:g} runs/s; "
                                    f"retry in {wait:.3f} s", retry_after_s=wait)
-        self.runs += runs
+        if r.max_runs is None or self.ledger is None:
+            self.runs += runs
+            return
+        # The ledger decides: another server process may share it.
+        try:
+            charged, self.runs = self.ledger.charge(r.id, runs, r.max_runs)
+        except UsageLedgerError as e:
+            raise Refused(503, f"cannot record key {r.id!r}'s quota use: {e}",
+                          retry_after_s=1.0) from None
+        if not charged:
+            raise self._over_quota()
 
 
 class KeyStore:
@@ -151,6 +170,12 @@ class KeyStore:
     @property
     def enabled(self) -> bool:
         return bool(self._by_hash)
+
+    def attach_ledger(self, ledger: UsageLedger) -> None:
+        """Keep quota use in ``ledger`` from now on, starting from what it already holds."""
+        for pol in self._by_hash.values():
+            pol.ledger = ledger
+            pol.runs = ledger.used(pol.id)
 
     def policies(self) -> list[KeyPolicy]:
         return list(self._by_hash.values())

@@ -23,10 +23,12 @@ def serve_command(
     max_body_mb: int = 16,
     log_level: str = "info",
     preload_extra: tuple[str, ...] = (),
+    usage_db: Path | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
-    non-loopback ``host`` without API keys, KeysFileError for a bad keys file."""
+    non-loopback ``host`` without API keys, KeysFileError for a bad keys file, UsageLedgerError
+    when the quota ledger cannot be opened."""
     import uvicorn
 
     from sandloop.server.app import create_app
@@ -34,7 +36,8 @@ def serve_command(
 
     keys = KeyStore.load(api_keys_file)
     check_bind(host, keys.enabled)
-    config = ServerConfig(host=host, port=port, keys_file=api_keys_file, slots=slots,
+    config = ServerConfig(host=host, port=port, keys_file=api_keys_file, usage_db=usage_db,
+                          slots=slots,
                           isolation="none" if no_isolation else "full", journal=journal, db=db,
                           task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20,
                           preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None)

@@ -17,6 +17,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     keys_file: Path | None = None
+    usage_db: Path | None = None  # quota use per key; default: next to the keys file
     slots: int | None = None
     isolation: str = "full"
     preload: tuple[str, ...] | None = None  # modules warm in every slot (None: the default set)
