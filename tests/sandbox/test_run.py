@@ -244,12 +244,13 @@ def _run_groups(slot_names: set[str]) -> dict[str, Path]:
             if p.is_dir() and p.name.rpartition("r")[0] in slot_names} if base.is_dir() else {}
 
 
-async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
-        pool: SandboxPool) -> None:
+async def _observe_run_group(pool: SandboxPool, limits: Limits
+                             ) -> tuple[ExecResult, str, tuple[str, str, str]]:
+    """Run a program that sleeps a second and, meanwhile, find the run group holding its
+    processes: (result, group name, (cpu.shares, memory limit, cgroup.procs))."""
     slots = {s.name for s in pool._slots}
     prog = "print(open('/proc/self/cgroup').read())\nimport time; time.sleep(1)"
-    task = asyncio.create_task(run(pool, prog, limits=Limits(time_s=5, memory_mb=200,
-                                                              cpu_weight=500)))
+    task = asyncio.create_task(run(pool, prog, limits=limits))
     seen: dict[str, tuple[str, str, str]] = {}
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -263,17 +264,31 @@ async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
             break
     r = await task
     assert r.status is Status.OK, r
+    (name,) = [n for n, v in seen.items() if v[2].strip()]
+    return r, name, seen[name]
+
+
+async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
+        pool: SandboxPool) -> None:
+    slots = {s.name for s in pool._slots}
+    r, name, (shares, mem_limit, procs) = await _observe_run_group(
+        pool, Limits(time_s=5, memory_mb=200, cpu_weight=500))
     # The run sees its groups as the root of its own cgroup namespace, not the host's names.
     lines = r.stdout.split()
     assert lines and all(line.endswith(":/") for line in lines), lines
     # It was in a group of its own, named after its slot and run ...
-    (name,) = [n for n, v in seen.items() if v[2].strip()]
     assert name.rpartition("r")[0] in slots
     # ... with the run's limits, holding only the run's processes (never the zygote) ...
-    shares, mem_limit, procs = seen[name]
     assert shares == "5120" and int(mem_limit) == 200 << 20
     zygotes = {s.zygote_pid for s in pool._slots}
     assert procs.split() and not zygotes & {int(p) for p in procs.split()}
     # ... and the group was gone when the result came back.
     assert not any(Path(f"/sys/fs/cgroup/{c}/sandloop/{name}").exists()
                    for c in ("memory", "pids", "cpu", "cpuacct", "freezer"))
+    # The next runs get other groups, with their own limits (each slot made its next group
+    # ahead, with the limits of its last run, and changes them while they are still empty).
+    for limits, want in ((Limits(time_s=5, memory_mb=300), ("1024", 300 << 20)),
+                         (Limits(time_s=5, memory_mb=100, cpu_weight=200), ("2048", 100 << 20))):
+        for _ in range(pool.size):
+            _, other, (shares, mem_limit, _) = await _observe_run_group(pool, limits)
+            assert other != name and (shares, int(mem_limit)) == want

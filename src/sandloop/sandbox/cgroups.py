@@ -134,9 +134,9 @@ class Cgroup:
                 seen.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
         return sorted(seen)
 
-    def limit(self, limits: CgroupLimits) -> None:
-        """Set a fresh group's limits (before any process is in it)."""
-        self.backend.limit(self, limits)
+    def limit(self, limits: CgroupLimits, was: CgroupLimits | None = None) -> None:
+        """Set the limits of a group no process is in yet: a fresh one, or one set to ``was``."""
+        self.backend.limit(self, limits, was)
 
     def stats(self, *, failcnt: bool = True) -> CgroupStats:
         """What the run used. ``failcnt=False`` skips reading the allocation-failure count
@@ -181,7 +181,7 @@ class CgroupBackend:
         """A new group; ``run`` leaves out what only a slot's group needs."""
         raise NotImplementedError
 
-    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
+    def limit(self, cg: Cgroup, limits: CgroupLimits, was: CgroupLimits | None) -> None:
         raise NotImplementedError
 
     def stats(self, cg: Cgroup, failcnt: bool) -> CgroupStats:
@@ -241,17 +241,25 @@ class CgroupV1(CgroupBackend):
         bases = self._run_bases if run else self._bases
         return self._mkdirs(name, {c: b + name for c, b in bases.items()})
 
-    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
+    def limit(self, cg: Cgroup, limits: CgroupLimits, was: CgroupLimits | None) -> None:
         mem = cg.dirs["memory"]
-        # A fresh group is unlimited, and memsw must stay >= the plain limit: plain first.
-        _write(f"{mem}/memory.limit_in_bytes", str(limits.memory_bytes))
-        if self.has_memsw:  # without swap accounting the plain limit is all there is
-            _write(f"{mem}/memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-        _write(f"{cg.dirs['pids']}/pids.max", str(limits.max_pids))
+        if was is None or was.memory_bytes != limits.memory_bytes:
+            # memsw must stay >= the plain limit at every moment: lower the plain limit first,
+            # raise memsw first (a fresh group is unlimited: plain first).
+            files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+            if was is not None and limits.memory_bytes > was.memory_bytes:
+                files.reverse()
+            for f in files:
+                if f.startswith("memory.memsw") and not self.has_memsw:
+                    continue  # without swap accounting the plain limit is all there is
+                _write(f"{mem}/{f}", str(limits.memory_bytes))
+        if was is None or was.max_pids != limits.max_pids:
+            _write(f"{cg.dirs['pids']}/pids.max", str(limits.max_pids))
         if "cpu" in cg.dirs:
-            _write(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
-                   str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
-            if limits.weight != 100:  # a new group's cpu.shares is already 1024
+            if was is None or was.cpus != limits.cpus:
+                _write(f"{cg.dirs['cpu']}/cpu.cfs_quota_us",
+                       str(max(1000, int(limits.cpus * CFS_PERIOD_US))))
+            if (was.weight if was is not None else 100) != limits.weight:  # fresh: 1024 shares
                 _write(f"{cg.dirs['cpu']}/cpu.shares", str(max(2, limits.weight * 1024 // 100)))
 
     def cpu_s(self, cg: Cgroup) -> float:
@@ -325,16 +333,21 @@ class CgroupV2(CgroupBackend):
     def create(self, name: str, *, run: bool = False) -> Cgroup:
         return self._mkdirs(name, {"unified": str(self.base / name)})
 
-    def limit(self, cg: Cgroup, limits: CgroupLimits) -> None:
+    def limit(self, cg: Cgroup, limits: CgroupLimits, was: CgroupLimits | None) -> None:
         d = cg.dirs["unified"]
-        if not os.path.exists(f"{d}/memory.peak"):
-            raise CgroupError(f"{d} has no memory.peak: peak memory needs Linux 5.19+")
-        _write(f"{d}/memory.max", str(limits.memory_bytes))
-        if os.path.exists(f"{d}/memory.swap.max"):
-            _write(f"{d}/memory.swap.max", "0")
-        _write(f"{d}/pids.max", str(limits.max_pids))
-        _write(f"{d}/cpu.max", f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
-        if limits.weight != 100:
+        if was is None:
+            if not os.path.exists(f"{d}/memory.peak"):
+                raise CgroupError(f"{d} has no memory.peak: peak memory needs Linux 5.19+")
+            if os.path.exists(f"{d}/memory.swap.max"):
+                _write(f"{d}/memory.swap.max", "0")
+        if was is None or was.memory_bytes != limits.memory_bytes:
+            _write(f"{d}/memory.max", str(limits.memory_bytes))
+        if was is None or was.max_pids != limits.max_pids:
+            _write(f"{d}/pids.max", str(limits.max_pids))
+        if was is None or was.cpus != limits.cpus:
+            _write(f"{d}/cpu.max",
+                   f"{max(1000, int(limits.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
+        if (was.weight if was is not None else 100) != limits.weight:  # fresh: weight 100
             _write(f"{d}/cpu.weight", str(limits.weight))
 
     def cpu_s(self, cg: Cgroup) -> float:

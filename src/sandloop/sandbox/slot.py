@@ -378,13 +378,18 @@ class Slot:
         return out
 
     def _run_group(self, want: CgroupLimits) -> Cgroup:
-        """A new empty group with these limits: the one made ahead if its limits match."""
+        """A new empty group with these limits: the one made ahead (its limits changed if
+        need be: it is still empty), else a new one."""
         ready, self._ready_cg = self._ready_cg, None
         if ready is not None:
-            if ready[1] == want:
-                return ready[0]
-            with contextlib.suppress(CgroupError):  # empty, never used
-                ready[0].remove()
+            cg, was = ready
+            try:
+                if was != want:
+                    cg.limit(want, was)
+                return cg
+            except (CgroupError, OSError):
+                with contextlib.suppress(CgroupError):  # empty, never used
+                    cg.remove()
         cg = self.config.cgroups.create(f"{self.name}r{next(self._run_seq)}", run=True)
         try:
             cg.limit(want)
