@@ -292,3 +292,27 @@ async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
         for _ in range(pool.size):
             _, other, (shares, mem_limit, _) = await _observe_run_group(pool, limits)
             assert other != name and (shares, int(mem_limit)) == want
+
+
+def _shmem_mb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no Shmem in /proc/meminfo")
+
+
+async def test_a_finished_runs_files_are_freed_promptly_on_an_idle_slot(pool: SandboxPool) -> None:
+    # The run's tmpfs lives in its mount namespace; what it wrote must not stay in memory
+    # while the slot waits for its next run.
+    await run(pool, "pass")
+    await asyncio.sleep(0.3)
+    base = _shmem_mb()
+    r = await run(pool, "open('big', 'wb').write(b'x' * (48 << 20))",
+                  limits=Limits(time_s=5, memory_mb=256, workdir_mb=64))
+    assert r.status is Status.OK, r
+    for _ in range(100):
+        if _shmem_mb() - base < 16:
+            break
+        await asyncio.sleep(0.01)
+    assert _shmem_mb() - base < 16, f"{_shmem_mb() - base} MiB still held after the run"

@@ -34,7 +34,8 @@ from sandloop.sandbox.safefs import sealed_memfd
 
 CHANNEL_MAX_BYTES = 16 << 20
 STATUS_MAX_BYTES = 256 << 20  # status records, including collected files
-NS_CLOSE_BATCH = 16  # finished runs' mount namespaces released together
+NS_CLOSE_BATCH = 16  # finished runs' mount namespaces released together ...
+NS_HOLD_MAX_S = 0.05  # ... or this soon after the first of them ended, whichever comes first
 READ_CHUNK = 1 << 16
 
 
@@ -168,6 +169,7 @@ class Slot:
         # The next run's group, made while this run is going (a free core does it meanwhile).
         self._ready_cg: tuple[Cgroup, CgroupLimits] | None = None
         self._held_ns: list[int] = []
+        self._held_timer: asyncio.TimerHandle | None = None
         self.workspaces: set[str] = set()  # persistent work dirs living in this zygote
         self.generation = 0  # bumped at every (re)start: workspaces do not survive one
         self.idle_since = time.monotonic()
@@ -225,6 +227,9 @@ class Slot:
                 self.proc.kill()
             await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
             self.proc = None
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         _close_fds(self._held_ns)
         self._held_ns = []
         if self._ready_cg is not None:
@@ -447,6 +452,14 @@ class Slot:
         out.infra_error = (f"the run's cgroup {cg.name} could not be removed"
                            f" (processes {cg.pids(all_controllers=True)} left)")
 
+    def _release_held_ns(self) -> None:
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        if self._held_ns:
+            batch, self._held_ns = self._held_ns, []
+            asyncio.get_running_loop().run_in_executor(None, _close_fds, batch)
+
     def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
         # Order matters: zygote.serve_one expects
         # [stdin, files, spec, stdout(w), stderr(w), channel(w), status(w)]; we keep read ends.
@@ -555,13 +568,15 @@ class Slot:
             if pidfd is not None:
                 os.close(pidfd)
             if held_ns:
-                # Dropping the last reference unmounts the child's tree, which waits for an
-                # RCU grace period: do it off the loop, a batch at a time (a thread hand-off
-                # per run costs more than the close).
+                # Dropping the last reference unmounts the child's tree (its tmpfs, with what
+                # the run wrote, is freed then), which waits for an RCU grace period: do it off
+                # the loop, a batch at a time (a thread hand-off per run costs more than the
+                # close), and soon: an idle slot must not keep finished runs' files in memory.
                 self._held_ns.extend(held_ns)
                 if len(self._held_ns) >= NS_CLOSE_BATCH:
-                    batch, self._held_ns = self._held_ns, []
-                    loop.run_in_executor(None, _close_fds, batch)
+                    self._release_held_ns()
+                elif self._held_timer is None:
+                    self._held_timer = loop.call_later(NS_HOLD_MAX_S, self._release_held_ns)
         out.wall_s = time.monotonic() - start
         out.stdout = bytes(captures["out"].buf)
         out.stderr = bytes(captures["err"].buf)
