@@ -148,6 +148,9 @@ class _Capture:
         return self.total > len(self.buf)
 
 
+_RUN_SEQ = itertools.count(1)  # run group names: unique in the process, whatever the slot
+
+
 class Slot:
     """One warm zygote with its own unprivileged uid/gid; runs one step at a time."""
 
@@ -165,7 +168,7 @@ class Slot:
         self.runs = 0
         self.broken = False
         self.cg: Cgroup | None = None  # the zygote's; each run gets its own (execute)
-        self._run_seq = itertools.count(1)
+        self._stuck: list[Cgroup] = []  # run groups the kernel would not let go (see close)
         # The next run's group, made while this run is going (a free core does it meanwhile).
         self._ready_cg: tuple[Cgroup, CgroupLimits] | None = None
         self._held_ns: list[int] = []
@@ -233,9 +236,12 @@ class Slot:
         _close_fds(self._held_ns)
         self._held_ns = []
         if self._ready_cg is not None:
-            with contextlib.suppress(CgroupError):
-                self._ready_cg[0].remove()
+            self._stuck.append(self._ready_cg[0])
             self._ready_cg = None
+        for cg in self._stuck:
+            with contextlib.suppress(CgroupError):
+                cg.remove()
+        self._stuck = []
         if self.cg is not None:
             with contextlib.suppress(CgroupError):
                 self.cg.remove()
@@ -395,7 +401,7 @@ class Slot:
             except (CgroupError, OSError):
                 with contextlib.suppress(CgroupError):  # empty, never used
                     cg.remove()
-        cg = self.config.cgroups.create(f"{self.name}r{next(self._run_seq)}", run=True)
+        cg = self.config.cgroups.create(f"{self.name}r{next(_RUN_SEQ)}", run=True)
         try:
             cg.limit(want)
             cg.procs_fds()
@@ -449,6 +455,7 @@ class Slot:
             cg.kill_all(timeout_s=0.0)  # normally the kernel is only a moment late: no-op
             await asyncio.sleep(0.001 if attempt < 20 else 0.01)
         self.broken = True
+        self._stuck.append(cg)  # retried when the slot closes
         out.infra_error = (f"the run's cgroup {cg.name} could not be removed"
                            f" (processes {cg.pids(all_controllers=True)} left)")
 
