@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from sandloop.server import KeyStore, ServerConfig, create_app
@@ -46,3 +49,21 @@ class LiveServer:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(30)
+
+
+def serve_process(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """`sandloop serve` as its own process group on ``port`` (2 slots unless ``args`` say
+    otherwise), once it answers /readyz."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the server did not become ready")

@@ -6,12 +6,11 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
-from live import free_port
+from live import free_port, serve_process
 
 N_JOBS = 8
 # Each run prints a fresh random token: a result recomputed after the restart would differ.
@@ -19,20 +18,7 @@ SOURCE = "import os, time\ntime.sleep(0.6)\nprint(os.urandom(8).hex())\n"
 
 
 def _start(port: int, journal: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port), "--slots", "2",
-         "--journal", str(journal)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
+    return serve_process(port, "--slots", "2", "--journal", str(journal))
 
 
 def _run(port: int, key: str) -> dict[str, object] | None:

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from live import free_port
+from live import free_port, serve_process
 
 from sandloop.server import KeyStore, add_key
 from sandloop.server.auth import Refused
@@ -79,20 +78,7 @@ def test_unusable_ledger_stops_serve_at_start(tmp_path: Path) -> None:
 
 
 def _serve(port: int, keys: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port), "--slots", "1",
-         "--api-keys-file", str(keys)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
+    return serve_process(port, "--slots", "1", "--api-keys-file", str(keys))
 
 
 def test_quota_survives_a_crashed_server(tmp_path: Path) -> None:
