@@ -87,8 +87,9 @@ def doctor(
         lt.add_row(lang, "[green]ok[/]" if st == "ok" else f"[red]{st}[/]")
     out.print(lt)
     if report.full:
-        out.print(f"[bold green]exec will use: full isolation[/] (pid/mount/net/ipc/uts "
-                  f"namespaces, per-slot uid, seccomp, cgroup v{report.cgroup_version}); "
+        out.print(f"[bold green]exec will use: full isolation[/] (pid/mount/net/ipc/uts/cgroup "
+                  f"namespaces, per-slot uid, seccomp, a cgroup v{report.cgroup_version} group "
+                  f"per run); "
                   f"{slots} warm slots by default.")
         out.print(f"each run isolates itself with: {jail.detail}")
     else:
