@@ -7,6 +7,11 @@ cores. So that the figures can be read without the client, it also prints the ma
 per request minus the client's own ("server CPU/req": HTTP, engine, sandbox and kernel work) and
 the throughput that implies for a machine of this size that runs only the server.
 
+This VM's speed drifts between days, and SandboxFusion cannot be run here again, so the run
+ends with a calibration: the same programs as bare ``python file.py`` processes at concurrency
+8, which ../shared/research/measured-here.md measured at ~120 runs/s on the day SandboxFusion
+did ~55. Scaling 55 by today's bare rate estimates SandboxFusion's rate today.
+
     .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--concurrency 1 8 32]
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gzip
 import json
 import os
@@ -22,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -67,6 +74,30 @@ async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, li
         return time.perf_counter() - t0, lat, bad
 
 
+SF_RUNS_PER_S = 55.0  # SandboxFusion /run_code, no isolation, c=2..32 (measured-here.md)
+BARE_THEN_RUNS_PER_S = 120.0  # plain `python file.py` per program at c=8, same day
+
+
+def bare_python(codes: list[str], concurrency: int) -> float:
+    """Runs/s of ``python file.py`` per program, ``concurrency`` at a time, no isolation."""
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for k, code in enumerate(codes):
+            path = os.path.join(d, f"p{k}.py")
+            with open(path, "w") as f:
+                f.write(code)
+            paths.append(path)
+
+        def one(path: str) -> None:
+            subprocess.run([sys.executable, path], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as ex:
+            list(ex.map(one, paths))
+        return len(paths) / (time.perf_counter() - t0)
+
+
 def busy_cpu_s() -> float:
     """Non-idle CPU seconds of the whole machine so far (all cores)."""
     with open("/proc/stat") as f:
@@ -96,6 +127,7 @@ def main() -> None:
     if a.slots:
         cmd += ["--slots", str(a.slots)]
     srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rates: dict[int, float] = {}
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -120,12 +152,22 @@ def main() -> None:
             wall, lat, bad = asyncio.run(drive(f"{base}/run_code", codes, c))
             client = (own_cpu_s() - c0) / len(codes)
             server = (busy_cpu_s() - m0) / len(codes) - client
+            rates[c] = len(codes) / wall
             print(f"{c:>11} {len(codes) / wall:>8.1f} {statistics.median(lat) * 1e3:>8.1f} "
                   f"{pct(lat, 99) * 1e3:>8.1f} {bad:>6} {server * 1e3:>12.1f} ms "
                   f"{client * 1e3:>12.1f} ms {cores / server:>19.0f}")
     finally:
         srv.terminate()
         srv.wait(30)
+    bare = bare_python(programs(), 8)
+    sf_today = SF_RUNS_PER_S * bare / BARE_THEN_RUNS_PER_S
+    print(f"calibration: bare `python file.py` at concurrency 8: {bare:.0f} runs/s "
+          f"(~{BARE_THEN_RUNS_PER_S:.0f} when SandboxFusion did ~{SF_RUNS_PER_S:.0f}): "
+          f"SandboxFusion today ~{sf_today:.0f} runs/s")
+    if 8 in a.concurrency:
+        print(f"  /run_code at concurrency 8 against that estimate: {rates[8] / sf_today:.2f}x; "
+              f"against the figure measured that day: {rates[8] / SF_RUNS_PER_S:.2f}x "
+              "(target 3x)")
 
 
 if __name__ == "__main__":
