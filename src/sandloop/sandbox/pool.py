@@ -24,6 +24,7 @@ from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
 from sandloop.sandbox.slot import (
     DEFAULT_PRELOAD,
+    NsReleaser,
     Slot,
     SlotBroken,
     SlotConfig,
@@ -180,6 +181,7 @@ class SandboxPool:
         self.jail = JailBuild(None, "not started")  # how children isolate themselves (C or Python)
         self._unavailable: str | None = None
         self._slots: list[Slot] = []
+        self._releaser = NsReleaser()  # finished runs' mount namespaces, for all slots
         self._free: _SlotHandout | None = None
         self._config: SlotConfig | None = None
         self._started = False
@@ -210,7 +212,8 @@ class SandboxPool:
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
             jail=self.jail.path,
         )
-        self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config)
+        self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config,
+                            self._releaser)
                        for i in range(self.size)]
         results = await asyncio.gather(*(s.start() for s in self._slots), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -230,6 +233,7 @@ class SandboxPool:
         self._started = False  # a slot still starting closes itself instead of joining
         await asyncio.gather(*self._bg, return_exceptions=True)
         await asyncio.gather(*(s.close() for s in self._slots), return_exceptions=True)
+        self._releaser.close()
         self._slots = []
         self._started = False
         if self._uid_lock is not None:
@@ -320,7 +324,8 @@ class SandboxPool:
         try:
             used = {s.index for s in self._slots}
             index = next(i for i in range(self.max_size) if i not in used)
-            slot = Slot(index, self.uid_base + index, self.uid_base + index, self._config)
+            slot = Slot(index, self.uid_base + index, self.uid_base + index, self._config,
+                        self._releaser)
             try:
                 await slot.start()
             except SlotBroken:

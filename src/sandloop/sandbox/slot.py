@@ -151,12 +151,50 @@ class _Capture:
 _RUN_SEQ = itertools.count(1)  # run group names: unique in the process, whatever the slot
 
 
+class NsReleaser:
+    """Drops finished runs' mount namespaces (the zygote hands each to the supervisor).
+
+    Dropping the last reference unmounts the run's tree (its tmpfs, with what the run wrote, is
+    freed then), which waits for an RCU grace period: it happens in a worker thread, a batch at
+    a time (a thread hand-off per run costs more than the close), and soon, so that an idle
+    pool keeps no finished run's files in memory. One per pool: its slots' runs share batches.
+    """
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hold(self, fds: list[int]) -> None:
+        self._fds.extend(fds)
+        if len(self._fds) >= NS_CLOSE_BATCH:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(NS_HOLD_MAX_S, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._fds:
+            batch, self._fds = self._fds, []
+            asyncio.get_running_loop().run_in_executor(None, _close_fds, batch)
+
+    def close(self) -> None:
+        """Drop everything held now, in this thread."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        _close_fds(self._fds)
+        self._fds = []
+
+
 class Slot:
     """One warm zygote with its own unprivileged uid/gid; runs one step at a time."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, index: int, uid: int, gid: int, config: SlotConfig) -> None:
+    def __init__(self, index: int, uid: int, gid: int, config: SlotConfig,
+                 releaser: NsReleaser | None = None) -> None:
         self.index = index
         self.uid = uid
         self.gid = gid
@@ -171,8 +209,9 @@ class Slot:
         self._stuck: list[Cgroup] = []  # run groups the kernel would not let go (see close)
         # The next run's group, made while this run is going (a free core does it meanwhile).
         self._ready_cg: tuple[Cgroup, CgroupLimits] | None = None
-        self._held_ns: list[int] = []
-        self._held_timer: asyncio.TimerHandle | None = None
+        # Shared by the pool's slots (one hand-off per batch of any slots' runs), else our own.
+        self._own_releaser = releaser is None
+        self._releaser = releaser if releaser is not None else NsReleaser()
         self.workspaces: set[str] = set()  # persistent work dirs living in this zygote
         self.generation = 0  # bumped at every (re)start: workspaces do not survive one
         self.idle_since = time.monotonic()
@@ -230,11 +269,8 @@ class Slot:
                 self.proc.kill()
             await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
             self.proc = None
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        _close_fds(self._held_ns)
-        self._held_ns = []
+        if self._own_releaser:
+            self._releaser.close()
         if self._ready_cg is not None:
             self._stuck.append(self._ready_cg[0])
             self._ready_cg = None
@@ -459,14 +495,6 @@ class Slot:
         out.infra_error = (f"the run's cgroup {cg.name} could not be removed"
                            f" (processes {cg.pids(all_controllers=True)} left)")
 
-    def _release_held_ns(self) -> None:
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        if self._held_ns:
-            batch, self._held_ns = self._held_ns, []
-            asyncio.get_running_loop().run_in_executor(None, _close_fds, batch)
-
     def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
         # Order matters: zygote.serve_one expects
         # [stdin, files, spec, stdout(w), stderr(w), channel(w), status(w)]; we keep read ends.
@@ -575,15 +603,7 @@ class Slot:
             if pidfd is not None:
                 os.close(pidfd)
             if held_ns:
-                # Dropping the last reference unmounts the child's tree (its tmpfs, with what
-                # the run wrote, is freed then), which waits for an RCU grace period: do it off
-                # the loop, a batch at a time (a thread hand-off per run costs more than the
-                # close), and soon: an idle slot must not keep finished runs' files in memory.
-                self._held_ns.extend(held_ns)
-                if len(self._held_ns) >= NS_CLOSE_BATCH:
-                    self._release_held_ns()
-                elif self._held_timer is None:
-                    self._held_timer = loop.call_later(NS_HOLD_MAX_S, self._release_held_ns)
+                self._releaser.hold(held_ns)
         out.wall_s = time.monotonic() - start
         out.stdout = bytes(captures["out"].buf)
         out.stderr = bytes(captures["err"].buf)
