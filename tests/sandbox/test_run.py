@@ -290,8 +290,12 @@ async def test_each_run_has_its_own_cgroup_with_its_limits_gone_after_the_run(
     for limits, want in ((Limits(time_s=5, memory_mb=300), ("1024", 300 << 20)),
                          (Limits(time_s=5, memory_mb=100, cpu_weight=200), ("2048", 100 << 20))):
         for _ in range(pool.size):
+            ahead = {s.name: s._ready_cg[0].name for s in pool._slots if s._ready_cg is not None}
             _, other, (shares, mem_limit, _) = await _observe_run_group(pool, limits)
             assert other != name and (shares, int(mem_limit)) == want
+            # A slot that had made a group ahead used it, its limits changed in place.
+            slot_name = other.rpartition("r")[0]
+            assert ahead.get(slot_name, other) == other, (other, ahead)
 
 
 def _shmem_mb() -> int:
