@@ -52,8 +52,7 @@ class LiveServer:
 
 
 def serve_process(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """`sandloop serve` as its own process group on ``port`` (2 slots unless ``args`` say
-    otherwise), once it answers /readyz."""
+    """`sandloop serve ARGS` on ``port`` as its own process group, once it answers /readyz."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

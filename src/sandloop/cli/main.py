@@ -38,6 +38,11 @@ NoIsolation = Annotated[
                  help="Explicit opt-out: run WITHOUT isolation (only for hosts that cannot "
                       "isolate and code you trust). Results say isolation='none'."),
 ]
+Preload = Annotated[
+    list[str] | None,
+    typer.Option("--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
+                                   "unittest-based suites (repeatable)."),
+]
 
 
 def _isolation(no_isolation: bool) -> str:
@@ -240,9 +245,7 @@ def score(
     slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
     no_isolation: NoIsolation = False,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
-    preload: Annotated[list[str] | None, typer.Option(
-        "--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
-                          "unittest-based suites (repeatable).")] = None,
+    preload: Preload = None,
 ) -> None:
     """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
     from sandloop.cli.score import score_command
@@ -273,9 +276,7 @@ def serve(
     task_set: Annotated[list[str] | None, typer.Option("--task-set", help="Task sets to serve (repeatable).")] = None,
     max_body_mb: Annotated[int, typer.Option(help="Largest request body.")] = 16,
     log_level: Annotated[str, typer.Option(help="debug|info|warning|error")] = "info",
-    preload: Annotated[list[str] | None, typer.Option(
-        "--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
-                          "unittest-based suites (repeatable).")] = None,
+    preload: Preload = None,
     usage_db: Annotated[Path | None, typer.Option(
         "--usage-db", help="Where quota use per key is kept across restarts; default: next to "
                            "the keys file (KEYS.usage.sqlite).")] = None,

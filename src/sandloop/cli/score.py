@@ -19,7 +19,7 @@ from sandloop.engine import Engine
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
-from sandloop.sandbox.slot import DEFAULT_PRELOAD
+from sandloop.sandbox.slot import preload_with
 from sandloop.store import ResultStore, StoreError
 from sandloop.tasks import TaskFormatError, load_tasks
 
@@ -124,7 +124,7 @@ def score_command(
         # The verifier retries infrastructure failures itself (then reports a null reward).
         async with Engine(slots=slots, isolation="none" if no_isolation else "full",
                           max_attempts=1,
-                          preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None
+                          preload=preload_with(preload_extra)
                           ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
                                 time_scale=time_scale)

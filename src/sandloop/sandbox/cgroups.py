@@ -146,9 +146,9 @@ class Cgroup:
     def cpu_s(self) -> float:
         return self.backend.cpu_s(self)
 
-    def kill_all(self, exclude: int | None = None, timeout_s: float = 2.0) -> bool:
-        """SIGKILL every process in the group but ``exclude``; True when none is left."""
-        return self.backend.kill_all(self, exclude, timeout_s)
+    def kill_all(self, timeout_s: float = 2.0) -> bool:
+        """SIGKILL every process in the group; True when none is left."""
+        return self.backend.kill_all(self, timeout_s)
 
     def try_remove(self) -> bool:
         """Remove the group's directories if no process is in them; False if one still is
@@ -165,7 +165,7 @@ class Cgroup:
 
     def remove(self) -> None:
         """Kill what is left inside and remove the group, waiting for the kernel if need be."""
-        if self.pids(all_controllers=True) and not self.kill_all(None):
+        if self.pids(all_controllers=True) and not self.kill_all():
             raise CgroupError(f"cgroup {self.name} still has processes {self.pids()}")
         for _ in range(400):
             if self.try_remove():
@@ -194,10 +194,10 @@ class CgroupBackend:
         """Groups left by a crashed pool (swept at start-up)."""
         raise NotImplementedError
 
-    def kill_all(self, cg: Cgroup, exclude: int | None, timeout_s: float) -> bool:
+    def kill_all(self, cg: Cgroup, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
-            pids = [p for p in cg.pids() if p != exclude]
+            pids = cg.pids()
             if not pids:
                 return True
             for pid in pids:
@@ -276,7 +276,7 @@ class CgroupV1(CgroupBackend):
             memory_failcnt=int(_read_small(f"{mem}/memory.failcnt")) if failcnt else 0,
         )
 
-    def kill_all(self, cg: Cgroup, exclude: int | None, timeout_s: float) -> bool:
+    def kill_all(self, cg: Cgroup, timeout_s: float) -> bool:
         # Freezing first stops a fork bomb from outrunning the kill loop (slot groups; a run
         # group needs no freezer, see the module docstring).
         fz = cg.dirs.get("freezer")
@@ -285,14 +285,13 @@ class CgroupV1(CgroupBackend):
                 _write(f"{fz}/freezer.state", "FROZEN")
         try:
             for pid in cg.pids():
-                if pid != exclude:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         finally:
             if fz is not None:
                 with contextlib.suppress(OSError):
                     _write(f"{fz}/freezer.state", "THAWED")
-        return super().kill_all(cg, exclude, timeout_s)
+        return super().kill_all(cg, timeout_s)
 
     def leftover_groups(self) -> list[str]:
         out: list[str] = []
@@ -408,7 +407,7 @@ def sweep_leftovers(backend: CgroupBackend, alive: set[str]) -> int:
             continue
         cg = Cgroup(backend, name, {"x": d})
         with contextlib.suppress(CgroupError, OSError):
-            backend.kill_all(cg, None, 1.0)
+            backend.kill_all(cg, 1.0)
             os.rmdir(d)
             n += 1
     return n

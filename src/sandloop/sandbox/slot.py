@@ -22,7 +22,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,11 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "random", "typing", "fractions", "decimal", "datetime", "copy", "operator", "io",
     "traceback", "atexit", "textwrap", "enum", "array", "cmath", "numbers",
 )
+
+
+def preload_with(extra: Sequence[str]) -> tuple[str, ...] | None:
+    """``DEFAULT_PRELOAD`` plus ``extra`` (None, meaning the default, when there is none)."""
+    return (*DEFAULT_PRELOAD, *extra) if extra else None
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -716,10 +716,15 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
         _write_files(files_fd)  # as the slot user, inside the jail: no symlink can escape
         os.close(files_fd)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
-        os._exit(SETUP_FAILED_EXIT)
+        _setup_failed(status_fd, e)
     run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
+
+
+def _setup_failed(status_fd: int, e: BaseException) -> NoReturn:
+    """Report a setup failure (before any untrusted code ran) on the status pipe and exit."""
+    with contextlib.suppress(OSError):
+        write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
+    os._exit(SETUP_FAILED_EXIT)
 
 
 SPEC_MAGIC = b"SLS1"
@@ -742,9 +747,7 @@ def after_lockdown(stdin_fd: int, spec_fd: int, out_fd: int, err_fd: int, chan_f
         _, spec = read_spec(spec_fd)
         os.close(spec_fd)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
-        os._exit(SETUP_FAILED_EXIT)
+        _setup_failed(status_fd, e)
     run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandloop.sandbox.slot import DEFAULT_PRELOAD
+from sandloop.sandbox.slot import preload_with
 from sandloop.server.auth import KeyStore
 from sandloop.server.config import ServerConfig, check_bind
 
@@ -40,7 +40,7 @@ def serve_command(
                           slots=slots,
                           isolation="none" if no_isolation else "full", journal=journal, db=db,
                           task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20,
-                          preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None)
+                          preload=preload_with(preload_extra))
     configure_logging(log_level)
     app = create_app(config, keys=keys)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
