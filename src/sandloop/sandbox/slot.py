@@ -528,8 +528,6 @@ class Slot:
             "work": work or "",
             "workdir_mb": limits.workdir_mb,
             "workdir_inodes": limits.workdir_inodes,
-            # The zygote moves the child into the run's group before sending it the request.
-            "ncg": len(cg.procs_files),
         }
         captures = {
             "out": _Capture(out_r, limits.stdout_bytes),
@@ -560,8 +558,11 @@ class Slot:
         for fd in (out_r, err_r, chan_r, st_r):
             os.set_blocking(fd, False)
         try:
+            # The zygote moves the child into the run's group before sending it the request.
+            procs = cg.procs_fds()
+            msg["ncg"] = len(procs)
             reply = await self._request(
-                msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *cg.procs_fds()],
+                msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *procs],
                 timeout=30.0)
         except OSError as e:
             reply = {"ok": False, "error": f"cannot open the run's cgroup: {e}"}
