@@ -2,24 +2,26 @@
 programs (prompt + canonical solution + tests + check) at concurrency 1, 8 and 32.
 
 Prints runs/s and p50/p99 latency per concurrency (full isolation). The server runs in its own
-process (python -m sandloop.server serve) on 127.0.0.1; the client is httpx (async), on the same
-cores. So that the figures can be read without the client, it also prints the machine's CPU time
-per request minus the client's own ("server CPU/req": HTTP, engine, sandbox and kernel work) and
-the throughput that implies for a machine of this size that runs only the server.
+process (python -m sandloop.server serve) on 127.0.0.1. The load generator runs on the same
+cores, so it is aiohttp: ~1.2 ms of CPU per request here, where httpx takes ~4 ms, which on a
+2-core machine is CPU the server does not get. The table also prints the machine's CPU time per
+request minus the client's own ("server CPU/req": HTTP, engine, sandbox and kernel work).
 
-This VM's speed drifts between days, and SandboxFusion cannot be run here again, so the run
-ends with a calibration: the same programs as bare ``python file.py`` processes at concurrency
-8, which ../shared/research/measured-here.md measured at ~120 runs/s on the day SandboxFusion
-did ~55. Scaling 55 by today's bare rate estimates SandboxFusion's rate today.
+The comparison is measured in the same run when a SandboxFusion server is given
+(``--sandboxfusion http://127.0.0.1:8089``; how to start one: docs/server.md): each level is
+driven on sandloop and then on SandboxFusion with the same client and programs, and the ratios
+are printed. Without one, the figures are set against SandboxFusion's from
+../shared/research/measured-here.md, which this VM's day-to-day drift makes rough (on
+2026-11-30 it did 33-37 runs/s side by side, not the ~55 of that day).
 
     .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--concurrency 1 8 32]
+        [--sandboxfusion URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import gzip
 import json
 import os
@@ -28,9 +30,10 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 
+import aiohttp
 import httpx
 
 from sandloop.tasks.loaders import humaneval_path
@@ -53,20 +56,25 @@ def free_port() -> int:
 
 
 async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, list[float], int]:
+    """POST every program to ``url`` with ``concurrency`` requests in flight; returns the wall
+    time, each request's latency and how many did not come back as a "Success"."""
     lat: list[float] = []
     bad = 0
     it = iter(codes)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
 
         async def worker() -> None:
             nonlocal bad
             for code in it:
                 t0 = time.perf_counter()
-                r = await client.post(url, json={"code": code, "language": "python",
-                                                 "run_timeout": 10, "memory_limit_MB": 1024})
+                async with client.post(url, json={"code": code, "language": "python",
+                                                  "run_timeout": 10,
+                                                  "memory_limit_MB": 1024}) as r:
+                    body = await r.json(content_type=None)
                 lat.append(time.perf_counter() - t0)
-                if r.status_code != 200 or r.json()["status"] != "Success":
+                if r.status != 200 or body.get("status") != "Success":
                     bad += 1
 
         t0 = time.perf_counter()
@@ -74,28 +82,9 @@ async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, li
         return time.perf_counter() - t0, lat, bad
 
 
-SF_RUNS_PER_S = 55.0  # SandboxFusion /run_code, no isolation, c=2..32 (measured-here.md)
-BARE_THEN_RUNS_PER_S = 120.0  # plain `python file.py` per program at c=8, same day
-
-
-def bare_python(codes: list[str], concurrency: int) -> float:
-    """Runs/s of ``python file.py`` per program, ``concurrency`` at a time, no isolation."""
-    with tempfile.TemporaryDirectory() as d:
-        paths = []
-        for k, code in enumerate(codes):
-            path = os.path.join(d, f"p{k}.py")
-            with open(path, "w") as f:
-                f.write(code)
-            paths.append(path)
-
-        def one(path: str) -> None:
-            subprocess.run([sys.executable, path], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
-
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(concurrency) as ex:
-            list(ex.map(one, paths))
-        return len(paths) / (time.perf_counter() - t0)
+# SandboxFusion /run_code with no isolation, by concurrency, on the day it was measured here
+# (../shared/research/measured-here.md); used only when no server is given to measure.
+SF_THEN_RUNS_PER_S = {1: 27.0, 2: 55.0, 8: 55.0, 32: 55.0}
 
 
 def busy_cpu_s() -> float:
@@ -115,60 +104,96 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs)) - 1))]
 
 
+@dataclass
+class Level:
+    concurrency: int
+    runs_per_s: float
+    p50_ms: float
+    p99_ms: float
+    failed: int
+    server_cpu_ms: float  # machine CPU per request minus the client's
+    client_cpu_ms: float
+
+
+def measure(url: str, codes: list[str], concurrency: int) -> Level:
+    m0, c0 = busy_cpu_s(), own_cpu_s()
+    wall, lat, bad = asyncio.run(drive(url, codes, concurrency))
+    client = (own_cpu_s() - c0) / len(codes)
+    server = (busy_cpu_s() - m0) / len(codes) - client
+    return Level(concurrency, len(codes) / wall, statistics.median(lat) * 1e3,
+                 pct(lat, 99) * 1e3, bad, server * 1e3, client * 1e3)
+
+
+def print_table(title: str, levels: list[Level]) -> None:
+    print(title)
+    print(f"{'concurrency':>11} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+          f"{'server CPU/req':>15} {'client CPU/req':>15}")
+    for v in levels:
+        print(f"{v.concurrency:>11} {v.runs_per_s:>8.1f} {v.p50_ms:>8.1f} {v.p99_ms:>8.1f} "
+              f"{v.failed:>6} {v.server_cpu_ms:>12.1f} ms {v.client_cpu_ms:>12.1f} ms")
+
+
+def wait_ready(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not answer 200 within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2, help="passes over the 164 programs")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--slots", type=int, default=None)
+    ap.add_argument("--sandboxfusion", metavar="URL", default=None,
+                    help="a running SandboxFusion server to measure side by side")
     a = ap.parse_args()
     port = free_port()
-    cmd = [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port),
-           "--log-level", "warning"]
+    # Its default logging (one JSON line per request), as SandboxFusion keeps its own.
+    cmd = [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port)]
     if a.slots:
         cmd += ["--slots", str(a.slots)]
     srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rates: dict[int, float] = {}
+    ours: list[Level] = []
+    theirs: list[Level] = []
     base = f"http://127.0.0.1:{port}"
+    sf = a.sandboxfusion.rstrip("/") if a.sandboxfusion else None
+    codes = programs() * a.rounds
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.1)
-        codes = programs() * a.rounds
+        wait_ready(f"{base}/readyz")
         asyncio.run(drive(f"{base}/run_code", programs()[:16], 4))  # warm-up
-        print(f"sandloop serve /run_code, HumanEval references ({len(codes)} runs per level), "
-              f"full isolation, {os.cpu_count()} cores")
-        print(f"{'concurrency':>11} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
-              f"{'server CPU/req':>15} {'client CPU/req':>15} {'server-only runs/s':>19}")
-        cores = os.cpu_count() or 1
-        for c in a.concurrency:
-            m0, c0 = busy_cpu_s(), own_cpu_s()
-            wall, lat, bad = asyncio.run(drive(f"{base}/run_code", codes, c))
-            client = (own_cpu_s() - c0) / len(codes)
-            server = (busy_cpu_s() - m0) / len(codes) - client
-            rates[c] = len(codes) / wall
-            print(f"{c:>11} {len(codes) / wall:>8.1f} {statistics.median(lat) * 1e3:>8.1f} "
-                  f"{pct(lat, 99) * 1e3:>8.1f} {bad:>6} {server * 1e3:>12.1f} ms "
-                  f"{client * 1e3:>12.1f} ms {cores / server:>19.0f}")
+        if sf:
+            wait_ready(f"{sf}/v1/ping")
+            asyncio.run(drive(f"{sf}/run_code", programs()[:16], 4))
+        for c in a.concurrency:  # level by level, so that the VM's drift weighs on both
+            ours.append(measure(f"{base}/run_code", codes, c))
+            if sf:
+                theirs.append(measure(f"{sf}/run_code", codes, c))
     finally:
         srv.terminate()
         srv.wait(30)
-    bare = bare_python(programs(), 8)
-    sf_today = SF_RUNS_PER_S * bare / BARE_THEN_RUNS_PER_S
-    print(f"calibration: bare `python file.py` at concurrency 8: {bare:.0f} runs/s "
-          f"(~{BARE_THEN_RUNS_PER_S:.0f} when SandboxFusion did ~{SF_RUNS_PER_S:.0f}): "
-          f"SandboxFusion today ~{sf_today:.0f} runs/s")
-    if 8 in a.concurrency:
-        print(f"  /run_code at concurrency 8 against that estimate: {rates[8] / sf_today:.2f}x; "
-              f"against the figure measured that day: {rates[8] / SF_RUNS_PER_S:.2f}x "
-              "(target 3x)")
-
+    print_table(f"sandloop serve /run_code, HumanEval references ({len(codes)} runs per level), "
+                f"full isolation, {os.cpu_count()} cores, aiohttp client on the same cores",
+                ours)
+    if theirs:
+        print_table(f"SandboxFusion /run_code at {sf}, same programs and client", theirs)
+        for o, t in zip(ours, theirs, strict=True):
+            print(f"  concurrency {o.concurrency:>2}: sandloop/SandboxFusion throughput "
+                  f"{o.runs_per_s / t.runs_per_s:.2f}x (target 3x); sandloop p99 "
+                  f"{o.p99_ms:.0f} ms vs SandboxFusion p50 {t.p50_ms:.0f} ms")
+        return
+    print("no --sandboxfusion: against its figures from measured-here.md instead (this VM's "
+          "speed drifts between days; measure side by side for a ratio that means something)")
+    for o in ours:
+        then = SF_THEN_RUNS_PER_S.get(o.concurrency, max(SF_THEN_RUNS_PER_S.values()))
+        print(f"  concurrency {o.concurrency:>2}: {o.runs_per_s / then:.2f}x its {then:.0f} runs/s "
+              "of that day (target 3x)")
 
 if __name__ == "__main__":
     main()
