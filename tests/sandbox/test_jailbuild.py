@@ -100,3 +100,42 @@ async def test_one_off_build_dir_is_removed_with_the_pool(tmp_path: Path,
         private = pool.jail.private_dir
         assert private is not None and os.path.isdir(private)
     assert not os.path.exists(private)
+
+
+async def _fast_runs(pool: SandboxPool) -> int:
+    reply = await pool._slots[0]._request({"op": "ping"})
+    return int(reply["fast_runs"])
+
+
+@needs_cc
+async def test_steady_state_runs_are_served_by_the_c_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The zygote's loop runs in jail.c while runs reuse the prepared child; anything else (a
+    # first run, other tmpfs sizes, a session) goes through the Python loop and back.
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    async with SandboxPool(1) as pool:
+        small, big = Limits(time_s=5, workdir_mb=32), Limits(time_s=5, workdir_mb=48)
+        for i in range(4):
+            r = await pool.run(Program(source=f"print({i})"), small)
+            assert r.status is Status.OK and r.stdout == f"{i}\n"
+        assert await _fast_runs(pool) == 3  # the first had no prepared child yet
+        for i in range(3):  # other sizes: the C loop hands the first back, then serves them
+            r = await pool.run(Program(source="import os; print(os.statvfs('.').f_blocks * "
+                                               "os.statvfs('.').f_frsize >> 20)"), big)
+            assert r.status is Status.OK and r.stdout == "48\n"
+        assert await _fast_runs(pool) == 5
+        ws = await pool.open_workspace(small)  # session runs: the Python loop
+        await pool.run_in(ws, Program(source="open('f', 'w').write('x')"), small)
+        r = await pool.run_in(ws, Program(source="print(open('f').read())"), small)
+        assert r.status is Status.OK and r.stdout == "x\n"
+        await pool.close_workspace(ws)
+        assert await _fast_runs(pool) == 5
+        r = await pool.run(Program(source="print('after')"), small)
+        assert r.status is Status.OK and r.stdout == "after\n"
+
+
+async def test_python_steps_use_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDLOOP_JAIL", "python")
+    async with SandboxPool(1) as pool:
+        for _ in range(3):
+            assert (await pool.run(Program(source="pass"), Limits(time_s=5))).status is Status.OK
+        assert await _fast_runs(pool) == 0

@@ -17,6 +17,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SETUP_FAILED_EXIT 125
@@ -365,4 +367,323 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
     lock_down(c, fds);
     fds[1] = -1;
     return 0;
+}
+
+/*
+ * The zygote's steady state: wait for requests and children's exits, serve a run with the
+ * prepared child, reap, prepare the next child. zygote.Zygote.serve holds the same loop in
+ * Python (used without a C compiler) and handles everything this one hands back: other
+ * operations, session runs, a run whose prepared child is missing, died or has other tmpfs
+ * sizes. Why C: between two clones the Python loop touched ~200 pages that its children
+ * shared, one copy-on-write fault each (~1.4 ms of CPU per run with its own interpreting).
+ *
+ * State moves between the two loops whole (zygote.Zygote._to_c / _from_c): whichever loop
+ * runs owns every descriptor in it.
+ */
+#define SL_MAX_RUNNING 16
+#define SL_MAX_FDS 16
+#define RUN_MAGIC "RUN1"
+#define RUN_HEAD 24 /* magic, i64 work dir MiB, i64 work dir inodes, i32 cgroup files */
+
+struct sl_zygote {
+    int sock;                  /* the supervisor's end */
+    int spare_pid;             /* the prepared child; 0: none */
+    int spare_ctl, spare_pidfd, spare_mntns, spare_ready;
+    int n_running;
+    int run_pid[SL_MAX_RUNNING], run_status[SL_MAX_RUNNING], run_pidfd[SL_MAX_RUNNING];
+    unsigned long clone_flags;
+    const struct sl_child *child; /* how to prepare a child for key; NULL: no run yet */
+    const char *proc_dir;         /* the zygote's host-pid /proc */
+    void *before_fork, *after_fork_parent, *after_fork_child; /* PyOS_* of the interpreter */
+    char key[128];       /* the tmpfs options of the last run (and of the next prepared child) */
+    char spare_key[128];
+    int child_fds[N_RUN_FDS]; /* in a new child: its run's descriptors (see sl_spawn) */
+    unsigned long fast_runs;  /* runs served here */
+    int n_fds;                /* out: a message for the Python loop, with its descriptors */
+    int fds[SL_MAX_FDS];
+    int msg_len;
+    char msg[1 << 16];
+};
+
+static void call(void *fn) { ((void (*)(void))fn)(); }
+
+static void close_spare(struct sl_zygote *z)
+{
+    close(z->spare_ctl);
+    close(z->spare_pidfd);
+    if (z->spare_mntns >= 0)
+        close(z->spare_mntns);
+    z->spare_pid = 0;
+    z->spare_ctl = z->spare_pidfd = z->spare_mntns = -1;
+}
+
+static void discard_spare(struct sl_zygote *z)
+{
+    kill(z->spare_pid, SIGKILL);
+    while (waitpid(z->spare_pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    close_spare(z);
+}
+
+/* Prepare the next run's child. 1: this is that child, locked down with its request. */
+static int prespawn(struct sl_zygote *z)
+{
+    if (z->spare_pid != 0 || z->child == NULL || z->n_running != 0)
+        return 0;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+        return 0; /* the Python loop makes one when the request comes */
+    struct sl_child c = *z->child;
+    c.ctl_fd = sv[1];
+    c.parent_fd = sv[0];
+    call(z->before_fork);
+    long pid = sl_spawn(z->clone_flags, &c, z->child_fds);
+    if (pid == 0) {
+        call(z->after_fork_child);
+        return 1;
+    }
+    call(z->after_fork_parent);
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        return 0;
+    }
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (pidfd < 0) {
+        kill((pid_t)pid, SIGKILL);
+        while (waitpid((pid_t)pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        close(sv[0]);
+        return 0;
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/%ld/ns/mnt", z->proc_dir, pid);
+    z->spare_mntns = open(path, O_RDONLY | O_CLOEXEC);
+    z->spare_pid = (int)pid;
+    z->spare_ctl = sv[0];
+    z->spare_pidfd = pidfd;
+    z->spare_ready = 0;
+    strcpy(z->spare_key, z->key);
+    return 0;
+}
+
+/* Report each exited run on its status pipe ("X" + JSON, as zygote.write_record), then
+ * prepare the next child. 1: this is that child. */
+static int reap(struct sl_zygote *z)
+{
+    for (;;) {
+        int status;
+        struct rusage ru;
+        pid_t pid = wait4(-1, &status, WNOHANG, &ru);
+        if (pid <= 0)
+            return 0;
+        if (pid == z->spare_pid) { /* died before its request: replaced on the next run */
+            close_spare(z);
+            continue;
+        }
+        int i = 0;
+        while (i < z->n_running && z->run_pid[i] != pid)
+            i++;
+        if (i == z->n_running)
+            continue;
+        close(z->run_pidfd[i]);
+        char rec[256];
+        int n = snprintf(rec + 5, sizeof rec - 5,
+                         "{\"status\": %d, \"utime\": %.6f, \"stime\": %.6f, \"maxrss_kb\": %ld}",
+                         status, (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+                         (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6, ru.ru_maxrss);
+        rec[0] = 'X';
+        rec[1] = (char)(n & 0xff);
+        rec[2] = (char)((n >> 8) & 0xff);
+        rec[3] = rec[4] = 0;
+        write_all(z->run_status[i], (const unsigned char *)rec, (size_t)n + 5);
+        close(z->run_status[i]);
+        z->n_running--;
+        z->run_pid[i] = z->run_pid[z->n_running];
+        z->run_status[i] = z->run_status[z->n_running];
+        z->run_pidfd[i] = z->run_pidfd[z->n_running];
+        if (prespawn(z))
+            return 1;
+    }
+}
+
+static void reply(struct sl_zygote *z, const char *text, int fd)
+{
+    struct iovec iov = {(void *)text, strlen(text)};
+    struct msghdr msg;
+    union {
+        char space[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+        msg.msg_control = u.space;
+        msg.msg_controllen = sizeof u.space;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    while (sendmsg(z->sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
+        ;
+}
+
+static int ready(int fd, int timeout_ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    int r;
+    while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
+        ;
+    return r > 0;
+}
+
+/* A run for the prepared child (zygote.Zygote.handle, op "run", no session work dir).
+ * 0: not one this loop serves (nothing was done: the Python loop handles it). */
+static int serve_run(struct sl_zygote *z)
+{
+    int64_t mb, inodes;
+    int32_t ncg;
+    if (z->msg_len != RUN_HEAD || memcmp(z->msg, RUN_MAGIC, 4) != 0)
+        return 0; /* another operation, or a session's work dir after the header */
+    memcpy(&mb, z->msg + 4, 8);
+    memcpy(&inodes, z->msg + 12, 8);
+    memcpy(&ncg, z->msg + 20, 4);
+    char key[128];
+    snprintf(key, sizeof key, "size=%lldm,nr_inodes=%lld", (long long)mb, (long long)inodes);
+    if (ncg < 1 || z->n_fds != N_RUN_FDS + ncg || z->spare_pid == 0 || z->n_running >= SL_MAX_RUNNING ||
+        strcmp(key, z->spare_key) != 0 || strcmp(key, z->key) != 0)
+        return 0;
+    if (z->spare_ready) {
+        if (ready(z->spare_ctl, 0)) { /* readable while idle: EOF, it died */
+            discard_spare(z);
+            return 0;
+        }
+    } else {
+        char b[8];
+        if (!ready(z->spare_ctl, 10000) || recv(z->spare_ctl, b, sizeof b, 0) != 1 || b[0] != 'R') {
+            discard_spare(z); /* its setup failed: the Python loop makes another and says why */
+            return 0;
+        }
+        z->spare_ready = 1;
+    }
+    /* Into the run's own groups while it still waits for its request: everything the run does
+     * is charged to them, and its processes are found there. */
+    char text[512], pid[16];
+    int plen = snprintf(pid, sizeof pid, "%d", z->spare_pid);
+    for (int i = N_RUN_FDS; i < z->n_fds; i++) {
+        if (write(z->fds[i], pid, (size_t)plen) != plen) {
+            snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"cannot move the child into "
+                     "the run's cgroup: [Errno %d] %s\"}", errno, strerror(errno));
+            discard_spare(z);
+            return reply(z, text, -1), 1;
+        }
+    }
+    union {
+        char space[CMSG_SPACE(sizeof(int) * N_RUN_FDS)];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {"run", 3};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.space;
+    msg.msg_controllen = sizeof u.space;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * N_RUN_FDS);
+    memcpy(CMSG_DATA(cm), z->fds, sizeof(int) * N_RUN_FDS);
+    if (sendmsg(z->spare_ctl, &msg, MSG_NOSIGNAL) < 0) {
+        snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"sandbox child died before its "
+                 "run: [Errno %d] %s\"}", errno, strerror(errno));
+        discard_spare(z);
+        return reply(z, text, -1), 1;
+    }
+    int status = fcntl(z->fds[6], F_DUPFD_CLOEXEC, 0);
+    if (status < 0) { /* the child has its request: it runs, but nobody could report on it */
+        snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"dup: %s\"}", strerror(errno));
+        discard_spare(z);
+        return reply(z, text, -1), 1;
+    }
+    int i = z->n_running++;
+    z->run_pid[i] = z->spare_pid;
+    z->run_status[i] = status;
+    z->run_pidfd[i] = z->spare_pidfd;
+    /* The child's mount namespace goes to the supervisor (see zygote.Zygote.handle). */
+    snprintf(text, sizeof text, "{\"ok\": true, \"pid\": %d}", z->spare_pid);
+    reply(z, text, z->spare_mntns);
+    z->spare_pidfd = -1;
+    close_spare(z);
+    z->fast_runs++;
+    return 1;
+}
+
+/*
+ * Run the loop until a message needs the Python loop (1: z->msg and z->fds hold it), the
+ * supervisor hangs up (0), or a new child returns from sl_spawn (2: locked down, with its
+ * run's descriptors in z->child_fds). -errno if waiting itself fails.
+ */
+int sl_serve(struct sl_zygote *z)
+{
+    if (reap(z))
+        return 2;
+    for (;;) {
+        struct pollfd p[2 + SL_MAX_RUNNING];
+        int n = 0;
+        p[n++] = (struct pollfd){z->sock, POLLIN, 0};
+        for (int i = 0; i < z->n_running; i++)
+            p[n++] = (struct pollfd){z->run_pidfd[i], POLLIN, 0};
+        if (z->spare_pid != 0)
+            p[n++] = (struct pollfd){z->spare_pidfd, POLLIN, 0};
+        if (poll(p, (nfds_t)n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        for (int i = 1; i < n; i++)
+            if (p[i].revents && reap(z))
+                return 2;
+        if (!p[0].revents)
+            continue;
+        union {
+            char space[CMSG_SPACE(sizeof(int) * SL_MAX_FDS)];
+            struct cmsghdr align;
+        } u;
+        struct iovec iov = {z->msg, sizeof z->msg};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = u.space;
+        msg.msg_controllen = sizeof u.space;
+        ssize_t got = recvmsg(z->sock, &msg, MSG_CMSG_CLOEXEC);
+        if (got < 0 && errno == EINTR)
+            continue;
+        z->n_fds = 0;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                for (int i = 0; i < k && z->n_fds < SL_MAX_FDS; i++)
+                    memcpy(&z->fds[z->n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            }
+        }
+        if (got <= 0) { /* the supervisor is gone */
+            for (int i = 0; i < z->n_fds; i++)
+                close(z->fds[i]);
+            z->n_fds = 0;
+            return 0;
+        }
+        z->msg_len = (int)got;
+        if (!serve_run(z))
+            return 1;
+        for (int i = 0; i < z->n_fds; i++)
+            close(z->fds[i]);
+        z->n_fds = 0;
+        if (reap(z))
+            return 2;
+    }
 }

@@ -353,7 +353,7 @@ class Slot:
             reply["_fds"] = fds
         return reply
 
-    async def _request(self, msg: dict[str, Any], fds: list[int] = (), timeout: float = 10.0) -> dict[str, Any]:  # type: ignore[assignment]
+    async def _request(self, msg: dict[str, Any] | bytes, fds: list[int] = (), timeout: float = 10.0) -> dict[str, Any]:  # type: ignore[assignment]
         if self.sock is None or self.broken:
             raise SlotBroken(f"slot {self.index} is not running")
         try:
@@ -371,10 +371,10 @@ class Slot:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
-    async def _exchange(self, msg: dict[str, Any], fds: list[int] | tuple[int, ...],
+    async def _exchange(self, msg: dict[str, Any] | bytes, fds: list[int] | tuple[int, ...],
                         timeout: float) -> dict[str, Any]:
         assert self.sock is not None
-        payload = json.dumps(msg).encode()
+        payload = msg if isinstance(msg, bytes) else json.dumps(msg).encode()
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             self.sock.sendmsg([payload], anc)
@@ -523,12 +523,6 @@ class Slot:
     ) -> None:
         loop = asyncio.get_running_loop()
         stdin_fd, files_fd, spec_fd, out_w, out_r, err_w, err_r, chan_w, chan_r, st_w, st_r = fds
-        msg = {
-            "op": "run",
-            "work": work or "",
-            "workdir_mb": limits.workdir_mb,
-            "workdir_inodes": limits.workdir_inodes,
-        }
         captures = {
             "out": _Capture(out_r, limits.stdout_bytes),
             "err": _Capture(err_r, limits.stderr_bytes),
@@ -560,7 +554,8 @@ class Slot:
         try:
             # The zygote moves the child into the run's group before sending it the request.
             procs = cg.procs_fds()
-            msg["ncg"] = len(procs)
+            msg = zygote_module.encode_run(work or "", limits.workdir_mb, limits.workdir_inodes,
+                                           len(procs))
             reply = await self._request(
                 msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *procs],
                 timeout=30.0)

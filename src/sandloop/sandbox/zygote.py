@@ -60,6 +60,7 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CHILD_CLONE_FLAGS = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -192,8 +193,35 @@ class _SlChild(ctypes.Structure):
     ]
 
 
+SL_MAX_RUNNING = 16  # must match jail.c
+
+
+class _SlZygote(ctypes.Structure):
+    """jail.c's ``struct sl_zygote``: the zygote loop's state while the C loop runs it."""
+
+    _fields_ = [
+        ("sock", ctypes.c_int),
+        ("spare_pid", ctypes.c_int), ("spare_ctl", ctypes.c_int),
+        ("spare_pidfd", ctypes.c_int), ("spare_mntns", ctypes.c_int),
+        ("spare_ready", ctypes.c_int),
+        ("n_running", ctypes.c_int),
+        ("run_pid", ctypes.c_int * SL_MAX_RUNNING), ("run_status", ctypes.c_int * SL_MAX_RUNNING),
+        ("run_pidfd", ctypes.c_int * SL_MAX_RUNNING),
+        ("clone_flags", ctypes.c_ulong),
+        ("child", ctypes.c_void_p), ("proc_dir", ctypes.c_char_p),
+        ("before_fork", ctypes.c_void_p), ("after_fork_parent", ctypes.c_void_p),
+        ("after_fork_child", ctypes.c_void_p),
+        ("key", ctypes.c_char * 128), ("spare_key", ctypes.c_char * 128),
+        ("child_fds", ctypes.c_int * 7),
+        ("fast_runs", ctypes.c_ulong),
+        ("n_fds", ctypes.c_int), ("fds", ctypes.c_int * 16),
+        ("msg_len", ctypes.c_int), ("msg", ctypes.c_char * (1 << 16)),
+    ]
+
+
 class Jail:
-    """The C fast path (jail.c) of prepare_child + drop_privileges + _write_files."""
+    """The C fast path (jail.c) of prepare_child + drop_privileges + _write_files, and of the
+    zygote's steady-state loop."""
 
     def __init__(self, path: str) -> None:
         # PyDLL keeps the GIL across the call, as clone_fork needs.
@@ -201,7 +229,16 @@ class Jail:
         self.lib.sl_spawn.restype = ctypes.c_long
         self.lib.sl_spawn.argtypes = [ctypes.c_ulong, ctypes.POINTER(_SlChild),
                                       ctypes.POINTER(ctypes.c_int)]
+        self.lib.sl_serve.restype = ctypes.c_int
+        self.lib.sl_serve.argtypes = [ctypes.POINTER(_SlZygote)]
         self.fds = (ctypes.c_int * 7)()
+        self.state = _SlZygote()
+        self.state.proc_dir = f"{PRIVATE}/proc".encode()
+        api = ctypes.pythonapi
+        for field, fn in (("before_fork", api.PyOS_BeforeFork),
+                          ("after_fork_parent", api.PyOS_AfterFork_Parent),
+                          ("after_fork_child", api.PyOS_AfterFork_Child)):
+            setattr(self.state, field, ctypes.cast(fn, ctypes.c_void_p).value)
         # One prepared struct per tmpfs options (SpareKey); the objects it points into stay
         # referenced here for as long as it does.
         self._structs: dict[SpareKey, tuple[_SlChild, Any, list[bytes]]] = {}
@@ -384,6 +421,75 @@ class Zygote:
 
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, sock: socket.socket) -> None:
+        """Answer the supervisor until it hangs up: in jail.c's loop when it is there (it hands
+        back what it does not serve: see sl_serve), else here."""
+        while True:
+            if self.jail is not None and len(self.running) <= SL_MAX_RUNNING:
+                if not self._serve_c(self.jail, sock):
+                    return
+            elif not self._serve_once(sock):
+                return
+
+    def _serve_c(self, jail: Jail, sock: socket.socket) -> bool:
+        z = jail.state
+        kept = (self.spare.pid, self.spare.works) if self.spare is not None else (0, frozenset())
+        keep = self._to_c(z, jail, sock)
+        code = jail.lib.sl_serve(ctypes.byref(z))
+        if code == 2:  # a child prepared by the C loop, locked down with its request
+            try:
+                stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = list(z.child_fds)
+                after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
+            finally:
+                os._exit(SETUP_FAILED_EXIT)
+        del keep
+        self._from_c(z, kept)
+        if code < 0:
+            raise OSError(-code, f"zygote loop: {os.strerror(-code)}")
+        if code == 0:
+            return False
+        fds = list(z.fds[:z.n_fds])
+        msg = decode_msg(ctypes.string_at(ctypes.addressof(z) + _SlZygote.msg.offset, z.msg_len))
+        if msg is None:
+            _close_all(fds)
+            return False
+        self._answer(sock, msg, fds)
+        return True
+
+    def _to_c(self, z: _SlZygote, jail: Jail, sock: socket.socket) -> _SlChild | None:
+        """Hand the loop's state, and every descriptor in it, to the C loop."""
+        z.sock = sock.fileno()
+        spare, self.spare = self.spare, None
+        if spare is None:
+            z.spare_pid, z.spare_ctl, z.spare_pidfd, z.spare_mntns = 0, -1, -1, -1
+        else:
+            z.spare_pid, z.spare_ctl, z.spare_pidfd = spare.pid, spare.ctl.detach(), spare.pidfd
+            z.spare_mntns = spare.mntns if spare.mntns is not None else -1
+            z.spare_ready, z.spare_key = int(spare.is_ready), spare.key.encode()
+        z.n_running = len(self.running)
+        for i, (pid, (status, pidfd)) in enumerate(self.running.items()):
+            z.run_pid[i], z.run_status[i], z.run_pidfd[i] = pid, status, pidfd
+        self.running = {}
+        z.clone_flags = CHILD_CLONE_FLAGS
+        child = jail._struct(self, self.last_key) if self.last_key is not None else None
+        z.child = ctypes.addressof(child) if child is not None else None
+        z.key = (self.last_key or "").encode()
+        return child  # referenced by the caller while the C loop may use it
+
+    def _from_c(self, z: _SlZygote, kept: tuple[int, frozenset[str]]) -> None:
+        """Take the state back from the C loop. ``kept``: the prepared child handed to it and
+        the session work dirs it was cloned with; one the C loop made has those of now (only
+        the Python loop mounts them)."""
+        self.running = {z.run_pid[i]: (z.run_status[i], z.run_pidfd[i])
+                        for i in range(z.n_running)}
+        if z.spare_pid:
+            works = kept[1] if z.spare_pid == kept[0] else frozenset(self.work_opts)
+            spare = Spare(z.spare_pid, socket.socket(fileno=z.spare_ctl), z.spare_key.decode(),
+                          z.spare_mntns if z.spare_mntns >= 0 else None, z.spare_pidfd, works)
+            spare.is_ready = bool(z.spare_ready)
+            self.spare = spare
+
+    def _serve_once(self, sock: socket.socket) -> bool:
+        """One turn of the Python loop: wait, reap, answer at most one message."""
         while True:
             watch = [sock.fileno(), *(pidfd for _, pidfd in self.running.values())]
             if self.spare is not None:
@@ -398,24 +504,27 @@ class Zygote:
                 try:
                     msg, fds = recv_msg(sock)
                 except ConnectionError:
-                    return
+                    return False
                 if msg is None:
-                    return
-                try:
-                    reply = self.handle(msg, fds)
-                except Exception as e:  # reported to the supervisor, which fails the run
-                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                finally:
-                    for fd in fds:
-                        with contextlib.suppress(OSError):
-                            os.close(fd)
-                out_fds = reply.pop("_fds", [])
-                anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", out_fds))]
-                       if out_fds else [])
-                sock.sendmsg([json.dumps(reply).encode()], anc)
-                for fd in out_fds:
-                    os.close(fd)
-                self.reap()
+                    _close_all(fds)
+                    return False
+                self._answer(sock, msg, fds)
+                return True
+
+    def _answer(self, sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
+        try:
+            reply = self.handle(msg, fds)
+        except Exception as e:  # reported to the supervisor, which fails the run
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            _close_all(fds)
+        out_fds = reply.pop("_fds", [])
+        anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", out_fds))]
+               if out_fds else [])
+        sock.sendmsg([json.dumps(reply).encode()], anc)
+        for fd in out_fds:
+            os.close(fd)
+        self.reap()
 
     def reap(self) -> None:
         while True:
@@ -442,8 +551,9 @@ class Zygote:
 
     def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         op = msg.get("op")
-        if op == "ping":
-            return {"ok": True, "pid": os.getpid()}
+        if op == "ping":  # fast_runs: runs the C loop served (tests check it is in use)
+            fast = self.jail.state.fast_runs if self.jail is not None else 0
+            return {"ok": True, "pid": os.getpid(), "fast_runs": fast}
         if op == "rmwork":
             self.remove_work(msg["work"])
             return {"ok": True}
@@ -509,7 +619,7 @@ class Zygote:
     def spawn(self, key: SpareKey) -> Spare:
         """Clone a child and let it isolate itself; it then waits for its one request."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+        flags = CHILD_CLONE_FLAGS
         if self.jail is not None:
             pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
             if pid == 0:  # isolated, requested and locked down in C; never returns
@@ -984,15 +1094,42 @@ def _exit_code(e: SystemExit) -> int:
 # Message framing shared with the supervisor (stdlib only).
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:  # type: ignore[type-arg]
+# A run request is binary, so that jail.c's loop can read it: magic, i64 work dir MiB, i64 work
+# dir inodes, i32 count of cgroup.procs descriptors after the 7 run fds, then the session work
+# dir (UTF-8, empty for a fresh one). Every other message is JSON.
+RUN_MAGIC = b"RUN1"
+_RUN_HEAD = struct.Struct("<qqi")
+
+
+def encode_run(work: str, workdir_mb: int, workdir_inodes: int, ncg: int) -> bytes:
+    return RUN_MAGIC + _RUN_HEAD.pack(workdir_mb, workdir_inodes, ncg) + work.encode()
+
+
+def decode_msg(data: bytes) -> dict[str, Any] | None:
+    """A supervisor message as a dict (None: the supervisor hung up)."""
+    if not data:
+        return None
+    if data[:4] == RUN_MAGIC:
+        mb, inodes, ncg = _RUN_HEAD.unpack_from(data, 4)
+        return {"op": "run", "work": data[4 + _RUN_HEAD.size:].decode(), "workdir_mb": mb,
+                "workdir_inodes": inodes, "ncg": ncg}
+    msg: dict[str, Any] = json.loads(data)
+    return msg
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     fds = array.array("i")
-    data, anc, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(16 * fds.itemsize))
+    data, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(16 * fds.itemsize))
     for level, typ, cdata in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
             fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
-    if not data:
-        return None, list(fds)
-    return json.loads(data), list(fds)
+    return decode_msg(data), list(fds)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
