@@ -118,7 +118,7 @@ async def test_steady_state_runs_are_served_by_the_c_loop(monkeypatch: pytest.Mo
             r = await pool.run(Program(source=f"print({i})"), small)
             assert r.status is Status.OK and r.stdout == f"{i}\n"
         assert await _fast_runs(pool) == 3  # the first had no prepared child yet
-        for i in range(3):  # other sizes: the C loop hands the first back, then serves them
+        for _ in range(3):  # other sizes: the C loop hands the first back, then serves them
             r = await pool.run(Program(source="import os; print(os.statvfs('.').f_blocks * "
                                                "os.statvfs('.').f_frsize >> 20)"), big)
             assert r.status is Status.OK and r.stdout == "48\n"

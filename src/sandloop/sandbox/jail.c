@@ -1,6 +1,7 @@
 /*
- * The child's isolation steps in C: the fast path of zygote.py (which holds the same steps in
- * Python, used when no C compiler is available, and the protocol description).
+ * The child's isolation steps and the zygote's steady-state loop in C: the fast path of
+ * zygote.py (which holds the same steps and loop in Python, used when no C compiler is
+ * available, and the protocol description).
  *
  * Why C: a child is a fork of the warm zygote interpreter, and every Python object it touches
  * costs a copy-on-write page fault. Done in Python, these steps touched ~600 pages per run
@@ -121,6 +122,70 @@ static int write_all(int fd, const unsigned char *p, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+/* One message with up to 16 descriptors: SCM_RIGHTS on a unix socket. */
+static ssize_t send_fds(int sock, const void *buf, size_t len, const int *fds, int n_fds)
+{
+    union {
+        char space[CMSG_SPACE(sizeof(int) * 16)];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (n_fds > 0) {
+        msg.msg_control = u.space;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n_fds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n_fds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n_fds);
+    }
+    ssize_t n;
+    while ((n = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    return n;
+}
+
+/* Receive one message and its descriptors (close-on-exec; up to max kept in fds, any more
+ * closed; *n_fds counts them all). Retries on EINTR. */
+static ssize_t recv_fds(int sock, void *buf, size_t size, int *fds, int max, int *n_fds)
+{
+    union {
+        char space[CMSG_SPACE(sizeof(int) * 16)];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {buf, size};
+    struct msghdr msg;
+    ssize_t n;
+    do {
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = u.space;
+        msg.msg_controllen = sizeof u.space;
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    *n_fds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); n >= 0 && cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+                if (*n_fds < max)
+                    fds[*n_fds] = fd;
+                else
+                    close(fd);
+                (*n_fds)++;
+            }
+        }
+    }
+    return n;
 }
 
 /* Map a sealed memfd read-only; *len receives its size. NULL (len 0) for an empty file. */
@@ -252,36 +317,8 @@ static void prepare(const struct sl_child *c)
 static void receive(const struct sl_child *c, int *fds, char *work, size_t work_size)
 {
     char buf[4096];
-    union {
-        char space[CMSG_SPACE(sizeof(int) * 16)];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {buf, sizeof buf};
-    struct msghdr msg;
-    ssize_t n;
-    do {
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = u.space;
-        msg.msg_controllen = sizeof u.space;
-        n = recvmsg(c->ctl_fd, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    int got = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-                if (got < N_RUN_FDS)
-                    fds[got] = fd;
-                else
-                    close(fd);
-                got++;
-            }
-        }
-    }
+    int got;
+    ssize_t n = recv_fds(c->ctl_fd, buf, sizeof buf, fds, N_RUN_FDS, &got);
     if (n < 3 || got != N_RUN_FDS || memcmp(buf, "run", 3) != 0 || (size_t)n - 3 >= work_size)
         _exit(SETUP_FAILED_EXIT);
     memcpy(work, buf + 3, (size_t)n - 3);
@@ -509,26 +546,7 @@ static int reap(struct sl_zygote *z)
 
 static void reply(struct sl_zygote *z, const char *text, int fd)
 {
-    struct iovec iov = {(void *)text, strlen(text)};
-    struct msghdr msg;
-    union {
-        char space[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fd >= 0) {
-        msg.msg_control = u.space;
-        msg.msg_controllen = sizeof u.space;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
-    while (sendmsg(z->sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
-        ;
+    send_fds(z->sock, text, strlen(text), &fd, fd >= 0 ? 1 : 0);
 }
 
 static int ready(int fd, int timeout_ms)
@@ -581,23 +599,7 @@ static int serve_run(struct sl_zygote *z)
             return reply(z, text, -1), 1;
         }
     }
-    union {
-        char space[CMSG_SPACE(sizeof(int) * N_RUN_FDS)];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {"run", 3};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.space;
-    msg.msg_controllen = sizeof u.space;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * N_RUN_FDS);
-    memcpy(CMSG_DATA(cm), z->fds, sizeof(int) * N_RUN_FDS);
-    if (sendmsg(z->spare_ctl, &msg, MSG_NOSIGNAL) < 0) {
+    if (send_fds(z->spare_ctl, "run", 3, z->fds, N_RUN_FDS) < 0) {
         snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"sandbox child died before its "
                  "run: [Errno %d] %s\"}", errno, strerror(errno));
         discard_spare(z);
@@ -644,33 +646,18 @@ int sl_serve(struct sl_zygote *z)
                 continue;
             return -errno;
         }
-        for (int i = 1; i < n; i++)
-            if (p[i].revents && reap(z))
-                return 2;
-        if (!p[0].revents)
-            continue;
-        union {
-            char space[CMSG_SPACE(sizeof(int) * SL_MAX_FDS)];
-            struct cmsghdr align;
-        } u;
-        struct iovec iov = {z->msg, sizeof z->msg};
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = u.space;
-        msg.msg_controllen = sizeof u.space;
-        ssize_t got = recvmsg(z->sock, &msg, MSG_CMSG_CLOEXEC);
-        if (got < 0 && errno == EINTR)
-            continue;
-        z->n_fds = 0;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-                int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                for (int i = 0; i < k && z->n_fds < SL_MAX_FDS; i++)
-                    memcpy(&z->fds[z->n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        for (int i = 1; i < n; i++) {
+            if (p[i].revents) { /* a run or the prepared child exited */
+                if (reap(z))
+                    return 2;
+                break;
             }
         }
+        if (!p[0].revents)
+            continue;
+        int n_fds;
+        ssize_t got = recv_fds(z->sock, z->msg, sizeof z->msg, z->fds, SL_MAX_FDS, &n_fds);
+        z->n_fds = n_fds < SL_MAX_FDS ? n_fds : SL_MAX_FDS;
         if (got <= 0) { /* the supervisor is gone */
             for (int i = 0; i < z->n_fds; i++)
                 close(z->fds[i]);
