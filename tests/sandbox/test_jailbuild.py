@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,45 @@ async def test_python_steps_use_the_python_loop(monkeypatch: pytest.MonkeyPatch)
         for _ in range(3):
             assert (await pool.run(Program(source="pass"), Limits(time_s=5))).status is Status.OK
         assert await _fast_runs(pool) == 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.parametrize("steps", [
+    pytest.param("c", marks=needs_cc),
+    "python",
+])
+async def test_a_prepared_child_killed_while_idle_is_replaced_fault_injected(
+        steps: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fault injection: SIGKILL the idle prepared child. The loop (C or Python) must notice,
+    # make another, and serve the next runs without restarting the slot.
+    if steps == "python":
+        monkeypatch.setenv("SANDLOOP_JAIL", "python")
+    else:
+        monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    lim = Limits(time_s=5)
+    async with SandboxPool(1) as pool:
+        assert (await pool.run(Program(source="pass"), lim)).status is Status.OK
+        zygote = pool._slots[0].zygote_pid
+        for _ in range(200):  # the next run's child is prepared just after this one ends
+            prepared = _children(zygote)
+            if prepared:
+                break
+            await asyncio.sleep(0.01)
+        assert len(prepared) == 1
+        os.kill(prepared[0], signal.SIGKILL)
+        for i in range(3):
+            r = await pool.run(Program(source=f"print({i})"), lim)
+            assert r.status is Status.OK and r.stdout == f"{i}\n", r
+        assert pool._slots[0].zygote_pid == zygote

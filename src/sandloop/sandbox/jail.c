@@ -400,6 +400,10 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
     if (send(c->ctl_fd, "R", 1, 0) != 1)
         _exit(SETUP_FAILED_EXIT);
     receive(c, fds, work, sizeof work);
+    /* "S": the request arrived. A child killed while it waited (the OOM killer prefers it)
+     * then reads as an infrastructure failure, never as the run's own death by SIGKILL. */
+    if (write(fds[6], "S\0\0\0\0", 5) != 5)
+        _exit(SETUP_FAILED_EXIT);
     enter_work_dir(c, work, fds[6]);
     lock_down(c, fds);
     fds[1] = -1;

@@ -111,6 +111,7 @@ class StepOutcome:
     rusage: dict[str, float] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     infra_error: str | None = None
+    started: bool = False  # the child reported that the request reached it ("S")
 
 
 class _Capture:
@@ -414,19 +415,24 @@ class Slot:
         ``work`` names a persistent work dir (sessions); by default the child gets a fresh
         tmpfs that dies with it. ``collect`` names work-dir files to bring back.
         """
-        self.runs += 1
-        out = StepOutcome()
-        try:
-            cg = self._run_group(_cgroup_limits(limits))
-        except (CgroupError, OSError) as e:
-            self.broken = True
-            out.infra_error = f"cannot make the run's cgroup: {e}"
-            return out
-        try:
-            await self._execute(cg, step, limits, stdin, files, env, work, collect, collect_max,
-                                out)
-        finally:
-            await self._remove_run_group(cg, out)
+        for _ in range(2):
+            self.runs += 1
+            out = StepOutcome()
+            try:
+                cg = self._run_group(_cgroup_limits(limits))
+            except (CgroupError, OSError) as e:
+                self.broken = True
+                out.infra_error = f"cannot make the run's cgroup: {e}"
+                return out
+            try:
+                await self._execute(cg, step, limits, stdin, files, env, work, collect,
+                                    collect_max, out)
+            finally:
+                await self._remove_run_group(cg, out)
+            if out.started or out.wait_status is None or out.setup_error is not None:
+                break
+            # Its prepared child was gone before the run reached it: once more, with the
+            # fresh child the zygote makes (a fresh group too: nothing of the first carries).
         return out
 
     def _run_group(self, want: CgroupLimits) -> Cgroup:
@@ -615,6 +621,11 @@ class Slot:
         if out.wait_status is None and out.infra_error is None:
             self.broken = True
             out.infra_error = "the zygote did not report the run's exit status"
+        elif not out.started and out.setup_error is None and out.infra_error is None:
+            # The prepared child died before the request reached it (killed while idle): the
+            # run never started, so its "exit" is not the program's.
+            out.infra_error = (f"the prepared sandbox child died before the run reached it "
+                               f"(wait status {out.wait_status})")
 
 
 async def _settled(fut: asyncio.Future[Any], timeout: float) -> bool:
@@ -678,7 +689,9 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
         (n,) = struct.unpack_from("<I", buf, pos + 1)
         payload = buf[pos + 5:pos + 5 + n]
         pos += 5 + n
-        if kind == b"E":
+        if kind == b"S":
+            out.started = True
+        elif kind == b"E":
             out.setup_error = payload.decode(errors="replace")
         elif kind == b"X":
             rec = json.loads(payload)

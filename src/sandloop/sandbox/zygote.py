@@ -817,6 +817,10 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
     stdin_fd, files_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd = fds
     ctl.close()
     try:
+        write_record(status_fd, b"S", b"")  # the request arrived (see jail.c sl_spawn)
+    except OSError:
+        os._exit(SETUP_FAILED_EXIT)
+    try:
         enter_work_dir(z, opts, msg[3:].decode())
         rlimits, spec = read_spec(spec_fd)
         os.close(spec_fd)
