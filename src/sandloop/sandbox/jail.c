@@ -597,6 +597,10 @@ static int serve_run(struct sl_zygote *z)
     int plen = snprintf(pid, sizeof pid, "%d", z->spare_pid);
     for (int i = N_RUN_FDS; i < z->n_fds; i++) {
         if (write(z->fds[i], pid, (size_t)plen) != plen) {
+            if (errno == ESRCH) { /* it died meanwhile: the Python loop makes a fresh one */
+                discard_spare(z);
+                return 0;
+            }
             snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"cannot move the child into "
                      "the run's cgroup: [Errno %d] %s\"}", errno, strerror(errno));
             discard_spare(z);
@@ -604,10 +608,10 @@ static int serve_run(struct sl_zygote *z)
         }
     }
     if (send_fds(z->spare_ctl, "run", 3, z->fds, N_RUN_FDS) < 0) {
-        snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"sandbox child died before its "
-                 "run: [Errno %d] %s\"}", errno, strerror(errno));
+        /* It died between the check and now (killed while idle): the Python loop makes a
+         * fresh one. Moving a dead pid into the groups above left nothing behind. */
         discard_spare(z);
-        return reply(z, text, -1), 1;
+        return 0;
     }
     int status = fcntl(z->fds[6], F_DUPFD_CLOEXEC, 0);
     if (status < 0) { /* the child has its request: it runs, but nobody could report on it */

@@ -108,6 +108,10 @@ class SetupError(Exception):
     """An isolation step failed; the child must not run the program."""
 
 
+class SpareGone(SetupError):
+    """The prepared child died before its request reached it (a fresh one can serve it)."""
+
+
 def _check(ret: int, what: str) -> int:
     if ret < 0:
         e = ctypes.get_errno()
@@ -567,7 +571,6 @@ class Zygote:
         ncg = int(msg.get("ncg", 0))
         if ncg < 1 or len(fds) != 7 + ncg:
             return {"ok": False, "error": f"run needs 7 fds + its cgroups ({ncg}), got {len(fds)}"}
-        run_fds = fds[:7]
         opts = tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"])
         work = msg.get("work") or ""
         if work:
@@ -582,27 +585,31 @@ class Zygote:
             spare.discard()
             spare = None
         try:
-            if spare is not None:
-                try:
+            for last in (False, True):
+                if spare is not None:
+                    try:
+                        spare.wait_ready()
+                    except SetupError:  # it died while idle (killed, or failed): make a new one
+                        spare.discard()
+                        spare = None
+                if spare is None:
+                    spare = self.spawn(key)
                     spare.wait_ready()
-                except SetupError:  # it died while idle (killed, or failed): make a new one
+                try:
+                    self._hand_over(spare, fds, self.work_path(work) if work else "")
+                    break
+                except SpareGone:
+                    # Killed between the check and the hand-over (the OOM killer prefers idle
+                    # children): once more with a fresh one.
                     spare.discard()
                     spare = None
-            if spare is None:
-                spare = self.spawn(key)
-                spare.wait_ready()
-            # Into the run's own groups while it still waits for its request: everything the
-            # run does is charged to them, and its processes are found there.
-            for procs in fds[7:]:
-                try:
-                    os.write(procs, str(spare.pid).encode())
-                except OSError as e:
-                    raise SetupError(f"cannot move the child into the run's cgroup: {e}") from e
-            spare.dispatch(run_fds, self.work_path(work) if work else "")
+                    if last:
+                        raise
         except SetupError as e:
             if spare is not None:
                 spare.discard()
             return {"ok": False, "error": str(e)}
+        assert spare is not None  # handed over (the loop breaks) or raised
         self.running[spare.pid] = (os.dup(fds[6]), spare.pidfd)
         spare.pidfd = -1  # now owned by self.running
         self.last_key = key
@@ -615,6 +622,20 @@ class Zygote:
             spare.mntns = None
         spare.close()
         return reply
+
+    @staticmethod
+    def _hand_over(spare: Spare, fds: list[int], work_path: str) -> None:
+        """Move the prepared child into the run's own groups while it still waits for its
+        request (everything the run does is charged to them, and its processes are found
+        there), then hand it the request. SpareGone: the child had died."""
+        for procs in fds[7:]:
+            try:
+                os.write(procs, str(spare.pid).encode())
+            except ProcessLookupError as e:
+                raise SpareGone(f"sandbox child died before its run: {e}") from e
+            except OSError as e:
+                raise SetupError(f"cannot move the child into the run's cgroup: {e}") from e
+        spare.dispatch(fds[:7], work_path)
 
     def spawn(self, key: SpareKey) -> Spare:
         """Clone a child and let it isolate itself; it then waits for its one request."""
@@ -712,7 +733,7 @@ class Spare:
             self.ctl.sendmsg([b"run" + work_path.encode()],
                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         except OSError as e:
-            raise SetupError(f"sandbox child died before its run: {e}") from e
+            raise SpareGone(f"sandbox child died before its run: {e}") from e
 
     def discard(self) -> None:
         """Kill the child and wait for it, so it is gone from the slot before the next run."""
