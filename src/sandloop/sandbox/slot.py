@@ -113,6 +113,12 @@ class StepOutcome:
     infra_error: str | None = None
     started: bool = False  # the child reported that the request reached it ("S")
 
+    @property
+    def lost_before_start(self) -> bool:
+        """The prepared child died before the request reached it (killed while idle): the run
+        never started, so its "exit" is not the program's."""
+        return self.wait_status is not None and not self.started and self.setup_error is None
+
 
 class _Capture:
     """Non-blocking reader of one pipe, keeping at most ``cap`` bytes and counting the rest."""
@@ -429,10 +435,10 @@ class Slot:
                                     collect_max, out)
             finally:
                 await self._remove_run_group(cg, out)
-            if out.started or out.wait_status is None or out.setup_error is not None:
+            if not out.lost_before_start:
                 break
-            # Its prepared child was gone before the run reached it: once more, with the
-            # fresh child the zygote makes (a fresh group too: nothing of the first carries).
+            # Once more, with the fresh child the zygote makes (and a fresh group: nothing of
+            # the first carries).
         return out
 
     def _run_group(self, want: CgroupLimits) -> Cgroup:
@@ -621,9 +627,7 @@ class Slot:
         if out.wait_status is None and out.infra_error is None:
             self.broken = True
             out.infra_error = "the zygote did not report the run's exit status"
-        elif not out.started and out.setup_error is None and out.infra_error is None:
-            # The prepared child died before the request reached it (killed while idle): the
-            # run never started, so its "exit" is not the program's.
+        elif out.lost_before_start and out.infra_error is None:
             out.infra_error = (f"the prepared sandbox child died before the run reached it "
                                f"(wait status {out.wait_status})")
 

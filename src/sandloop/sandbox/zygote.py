@@ -235,7 +235,6 @@ class Jail:
                                       ctypes.POINTER(ctypes.c_int)]
         self.lib.sl_serve.restype = ctypes.c_int
         self.lib.sl_serve.argtypes = [ctypes.POINTER(_SlZygote)]
-        self.fds = (ctypes.c_int * 7)()
         self.state = _SlZygote()
         self.state.proc_dir = f"{PRIVATE}/proc".encode()
         api = ctypes.pythonapi
@@ -269,7 +268,7 @@ class Jail:
         c = self._struct(z, key)
         c.ctl_fd, c.parent_fd = ctl, parent
         ctypes.pythonapi.PyOS_BeforeFork()
-        pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.fds))
+        pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.state.child_fds))
         if pid == 0:
             ctypes.pythonapi.PyOS_AfterFork_Child()
             return 0
@@ -645,7 +644,8 @@ class Zygote:
             pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
             if pid == 0:  # isolated, requested and locked down in C; never returns
                 try:
-                    stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = list(self.jail.fds)
+                    child_fds = list(self.jail.state.child_fds)
+                    stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = child_fds
                     after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
                 finally:
                     os._exit(SETUP_FAILED_EXIT)
