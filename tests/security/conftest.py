@@ -175,11 +175,17 @@ def host_audit(sandbox: PoolInfo, host_world: HostWorld) -> Iterator[None]:
         if any(cgroup_procs(g).values()):
             problems.append(f"the group made ahead for the next run already holds processes: "
                             f"{cgroup_procs(g)}")
+    # Each slot's runs take turns in its shared pids/cpu/cpuacct groups: empty between runs.
+    shared = {s._shared.name for s in sandbox.pool._slots if s._shared is not None}
+    for g in shared:
+        if any(cgroup_procs(g).values()):
+            problems.append(f"a slot's shared run groups hold processes between runs: "
+                            f"{cgroup_procs(g)}")
     me = os.getpid()
     for ctrl, groups in sandloop_cgroups().items():
         for g in groups:
             owner = _pool_owner_pid(g)
-            if g in ours or g in ahead or g in sandbox.preexisting:
+            if g in ours or g in ahead or g in shared or g in sandbox.preexisting:
                 continue
             if owner == me:
                 problems.append(f"stray cgroup {ctrl}/sandloop/{g} created by this process")

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.sandbox import zygote as zygote_module
-from sandloop.sandbox.cgroups import Cgroup, CgroupBackend, CgroupError, CgroupLimits, CgroupStats
+from sandloop.sandbox.cgroups import (
+    Cgroup,
+    CgroupBackend,
+    CgroupError,
+    CgroupLimits,
+    CgroupStats,
+    SharedRunDirs,
+)
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
 
@@ -221,6 +228,9 @@ class Slot:
         self._stuck: list[Cgroup] = []  # run groups the kernel would not let go (see close)
         # The next run's group, made while this run is going (a free core does it meanwhile).
         self._ready_cg: tuple[Cgroup, CgroupLimits] | None = None
+        # cgroup v1's pids/cpu/cpuacct directories, which the runs take turns in (cgroups.py).
+        self._shared: SharedRunDirs | None = None
+        self._retired: list[SharedRunDirs] = []  # replaced ones that would not go (see close)
         # Shared by the pool's slots (one hand-off per batch of any slots' runs), else our own.
         self._own_releaser = releaser is None
         self._releaser = releaser if releaser is not None else NsReleaser()
@@ -254,7 +264,9 @@ class Slot:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 # A Python run's usual environment: its child then changes nothing in it.
-                env=sandbox_env("python"),
+                # LD_BIND_NOW (dropped again by the zygote) resolves the interpreter's symbols
+                # once here, not lazily in every child, each writing its own copy of the GOT.
+                env={**sandbox_env("python"), "LD_BIND_NOW": "1"},
                 close_fds=True,
             )
             assert self.proc.stdin is not None
@@ -290,6 +302,11 @@ class Slot:
             with contextlib.suppress(CgroupError):
                 cg.remove()
         self._stuck = []
+        for shared in [*self._retired, self._shared]:
+            if shared is not None:
+                with contextlib.suppress(CgroupError):
+                    shared.close()
+        self._shared, self._retired = None, []
         if self.cg is not None:
             with contextlib.suppress(CgroupError):
                 self.cg.remove()
@@ -442,19 +459,35 @@ class Slot:
         return out
 
     def _run_group(self, want: CgroupLimits) -> Cgroup:
-        """A new empty group with these limits: the one made ahead (its limits changed if
-        need be: it is still empty), else a new one."""
+        """An empty group with these limits for the run about to start: the one made ahead
+        (its limits changed if need be: it is still empty), else a new one; completed with the
+        slot's shared directories where the backend has them."""
         ready, self._ready_cg = self._ready_cg, None
+        cg: Cgroup | None = None
         if ready is not None:
             cg, was = ready
             try:
                 if was != want:
                     cg.limit(want, was)
-                return cg
             except (CgroupError, OSError):
                 with contextlib.suppress(CgroupError):  # empty, never used
                     cg.remove()
-        cg = self.config.cgroups.create(f"{self.name}r{next(_RUN_SEQ)}", run=True)
+                cg = None
+        if cg is None:
+            cg = self._new_group(want)
+        try:
+            self._attach_shared(cg, want)
+        except BaseException:
+            cg.try_remove()
+            raise
+        return cg
+
+    def _new_group(self, want: CgroupLimits) -> Cgroup:
+        if self._shared is None:
+            self._shared = self.config.cgroups.shared_run_dirs(f"{self.name}k")
+        leave_out = tuple(self._shared.dirs) if self._shared is not None else ()
+        cg = self.config.cgroups.create(f"{self.name}r{next(_RUN_SEQ)}", run=True,
+                                        leave_out=leave_out)
         try:
             cg.limit(want)
             cg.procs_fds()
@@ -463,11 +496,24 @@ class Slot:
             raise
         return cg
 
+    def _attach_shared(self, cg: Cgroup, want: CgroupLimits) -> None:
+        if self._shared is None or "pids" in cg.dirs:
+            return
+        try:
+            cg.attach(self._shared, want)
+        except (CgroupError, OSError):
+            # Never expected (see SharedRunDirs.begin); the run gets new directories, and
+            # the old ones are removed when the slot closes.
+            self._retired.append(self._shared)
+            self._shared = self.config.cgroups.shared_run_dirs(f"{self.name}k{next(_RUN_SEQ)}")
+            assert self._shared is not None
+            cg.attach(self._shared, want)
+
     def _make_ready_group(self, want: CgroupLimits) -> None:
         if self._ready_cg is None:
             # A failure here shows again, and is reported, when the next run makes its own.
             with contextlib.suppress(CgroupError, OSError):
-                self._ready_cg = (self._run_group(want), want)
+                self._ready_cg = (self._new_group(want), want)
 
     async def _execute(self, cg: Cgroup, step: Step, limits: StepLimits, stdin: bytes,
                        files: bytes, env: dict[str, str], work: str | None,

@@ -1169,6 +1169,7 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
 def main() -> None:
     # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
     config = json.loads(sys.stdin.buffer.read())
+    os.environ.pop("LD_BIND_NOW", None)  # it did its work at start-up; runs do not inherit it
     sock = socket.socket(fileno=int(sys.argv[1]))
     for name in config.get("preload", []):
         with contextlib.suppress(ImportError):
