@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,8 @@ async def test_concurrent_submissions_of_one_key_run_once(tmp_path: Path) -> Non
 class BrokenBackend(LocalBackend):
     """Fault injection: every execution is an infrastructure failure."""
 
-    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+    async def execute(self, program: Program, limits: Limits, *,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
         return ExecResult.sandbox_error("injected: no sandbox")
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -172,11 +174,12 @@ class FlakyInfraBackend(LocalBackend):
         self.fail = fail
         self.calls = 0
 
-    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+    async def execute(self, program: Program, limits: Limits, *,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
         self.calls += 1
         if self.calls <= self.fail:
             return ExecResult.sandbox_error("injected: slot broke")
-        return await super().execute(program, limits)
+        return await super().execute(program, limits, on_end=on_end)
 
 
 async def test_infra_failures_retried_with_backoff_then_reported() -> None:
@@ -224,3 +227,38 @@ async def test_preload_reaches_the_engines_slots() -> None:
     async with Engine(slots=1, preload=("unittest",)) as e:
         r = await e.run(probe, Limits(time_s=5))
     assert r.status is Status.OK and r.stdout == "True\n", r
+
+
+class SlowCleanupBackend(LocalBackend):
+    """Fault injection: after the program has ended (``on_end``), the backend takes another
+    half second to tidy up before its result comes back."""
+
+    async def execute(self, program: Program, limits: Limits, *,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
+        r = await super().execute(program, limits, on_end=on_end)
+        await asyncio.sleep(0.5)
+        return r
+
+
+async def test_the_next_job_runs_during_a_finished_runs_cleanup_slow_cleanup_injected() -> None:
+    # One CPU of budget, two slots: the second job's program needs the first's CPU, which
+    # comes back when the first program ends, not after its cleanup.
+    async with Engine(SlowCleanupBackend(SandboxPool(2)), cpus=1) as e:
+        t0 = time.monotonic()
+        first, second = await asyncio.gather(e.run(sleeper(0.1, "a"), FAST),
+                                             e.run(sleeper(0.1, "b"), FAST))
+        assert first.ok and second.ok
+        assert time.monotonic() - t0 < 0.9  # serial cleanups would take >= 1.2 s
+
+
+async def test_programs_never_share_the_cpu_budget_while_cleanups_overlap() -> None:
+    # Each program writes when it started and ended; with one CPU of budget no two overlap,
+    # although the next one starts during the last one's cleanup.
+    prog = Program(source="import time\na = time.time()\nx = 0\nfor i in range(300000): x += i\n"
+                          "print(a, time.time())")
+    async with Engine(slots=3, cpus=1) as e:
+        rs = await asyncio.gather(*(e.run(prog, FAST) for _ in range(8)))
+    spans = sorted(tuple(map(float, r.stdout.split())) for r in rs)
+    assert all(r.ok for r in rs), rs
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, spans

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,21 @@ async def test_preload_is_configurable() -> None:
         assert (await pool.run(probe, Limits(time_s=5))).stdout == "False True\n"
     async with SandboxPool(1, preload=("unittest", "no_such_module_is_ignored")) as pool:
         assert (await pool.run(probe, Limits(time_s=5))).stdout == "True True\n"
+
+
+async def test_on_end_is_called_once_after_the_program_and_before_the_result() -> None:
+    # A scheduler hands the CPU on at on_end: it must come after the program has ended, and
+    # once, for the last step only (not for a compile step).
+    events: list[str] = []
+    async with SandboxPool(1) as pool:
+        t0 = time.monotonic()
+        r = await pool.run(Program(source="import time; time.sleep(0.3)"), Limits(time_s=5),
+                           on_end=lambda: events.append(f"end {time.monotonic() - t0:.2f}"))
+        events.append("result")
+        assert r.status is Status.OK and len(events) == 2 and events[1] == "result"
+        assert float(events[0].split()[1]) >= 0.3, events
+        events.clear()
+        if shutil.which("gcc"):
+            r = await pool.run(Program(language="c", source="int main(void){return 0;}"),
+                               Limits(time_s=10), on_end=lambda: events.append("end"))
+            assert r.status is Status.OK and events == ["end"]

@@ -6,7 +6,7 @@ machine. A cluster backend (one pool per node, e.g. Ray actors) implements the s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from sandloop.sandbox.models import ExecResult, Limits, Program
@@ -39,7 +39,12 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def execute(self, program: Program, limits: Limits) -> ExecResult: ...
+    async def execute(self, program: Program, limits: Limits, *,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
+        """Run ``program``; call ``on_end`` (if given) when it has stopped using the CPU and
+        only cleanup is left: the engine admits the next job's CPU then. A backend may call it
+        late or never (the engine releases everything when the result comes)."""
+        ...
 
     async def open_workspace(self, limits: Limits) -> Any: ...
 
@@ -72,8 +77,9 @@ class LocalBackend:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def execute(self, program: Program, limits: Limits) -> ExecResult:
-        return await self.pool.run(program, limits)
+    async def execute(self, program: Program, limits: Limits, *,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
+        return await self.pool.run(program, limits, on_end=on_end)
 
     async def open_workspace(self, limits: Limits) -> Any:
         return await self.pool.open_workspace(limits)

@@ -732,9 +732,23 @@ class Engine:
             self._writer.started(job.key)
         self.stats.executed += 1
         lost: BaseException | None = None
+        cpu_back = False
+
+        def program_ended() -> None:
+            # Its CPU goes to the next job now, not after the run's cleanup and result: the
+            # slots (2 per core) outnumber the cores, so that job starts on another slot and
+            # the cores are not left idle while the supervisor tidies up. At most `cpus`
+            # programs still run at once.
+            nonlocal cpu_back
+            if not cpu_back:
+                cpu_back = True
+                assert self._admission is not None
+                self._admission.release_cpus(job)
+                self._pump()
+
         try:
             if job.workspace is None:
-                result = await self.backend.execute(job.program, limits)
+                result = await self.backend.execute(job.program, limits, on_end=program_ended)
             else:
                 result = await self.backend.run_in(job.workspace, job.program, limits)
         except WorkspaceLost as e:
@@ -748,7 +762,8 @@ class Engine:
             result = ExecResult.sandbox_error(f"backend failed: {type(e).__name__}: {e}")
         finally:
             assert self._admission is not None
-            self._admission.release(job)
+            self._admission.release(job, cpus=not cpu_back)
+            cpu_back = True  # a late call (a retried attempt) must not give it back twice
             self.stats.running -= 1
         self._pump()
         if result is None:

@@ -344,10 +344,16 @@ class Admission:
         self.free_memory_mb -= job.memory_mb
         self.free_cpus -= job.cpus
 
-    def release(self, job: Demand) -> None:
-        """Give back what ``acquire`` took."""
+    def release(self, job: Demand, *, cpus: bool = True) -> None:
+        """Give back what ``acquire`` took (its CPU too unless ``release_cpus`` already did)."""
         self.free_slots += 1
         self.free_memory_mb += job.memory_mb
+        if cpus:
+            self.free_cpus += job.cpus
+
+    def release_cpus(self, job: Demand) -> None:
+        """Give back ``job``'s CPU early: its program has ended and only cleanup is left, so
+        the next job's program can run meanwhile without sharing a core with it."""
         self.free_cpus += job.cpus
 
     @property

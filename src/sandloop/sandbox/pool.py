@@ -9,7 +9,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -257,8 +257,13 @@ class SandboxPool:
         return "full" if self._unavailable is None else "unavailable"
 
     # -- running --------------------------------------------------------------------------------
-    async def run(self, program: Program, limits: Limits | None = None) -> ExecResult:
-        """Run one program (compiling it first if its language needs it)."""
+    async def run(self, program: Program, limits: Limits | None = None, *,
+                  on_end: Callable[[], None] | None = None) -> ExecResult:
+        """Run one program (compiling it first if its language needs it).
+
+        ``on_end``, if given, is called when the program's last step has ended (its processes
+        are gone) and only cleanup and the result are left: a scheduler can hand the CPU on
+        then. It may be called once per attempt (a slot that breaks is retried), or never."""
         if not self._started:
             await self.start()
         limits = limits or Limits()
@@ -277,7 +282,7 @@ class SandboxPool:
         # infrastructure's fault and must not become the program's verdict.
         for attempt in (1, 2):
             try:
-                return await self._run_isolated(program, limits)
+                return await self._run_isolated(program, limits, on_end)
             except SlotBroken as e:
                 if attempt == 2:
                     return ExecResult.sandbox_error(f"sandbox slot failed twice: {e}",
@@ -358,14 +363,15 @@ class SandboxPool:
         """How many slots are running at the moment (between ``size`` and ``max_size``)."""
         return len(self._slots)
 
-    async def _run_isolated(self, program: Program, limits: Limits) -> ExecResult:
+    async def _run_isolated(self, program: Program, limits: Limits,
+                            on_end: Callable[[], None] | None) -> ExecResult:
         """Run on a free slot; raises SlotBroken when the slot failed (the caller retries)."""
         slot = await self._acquire()
         assert self._free is not None
         try:
             if slot.broken:
                 raise SlotBroken("sandbox slot could not be restarted")
-            result = await self._run_on(slot, program, limits)
+            result = await self._run_on(slot, program, limits, on_end=on_end)
             if slot.broken and result.status is Status.SANDBOX_ERROR:
                 raise SlotBroken(result.error or "slot broke during the run")
             return result
@@ -470,7 +476,8 @@ class SandboxPool:
             self._free.release(acquired)  # type: ignore[union-attr]
 
     async def _run_on(self, slot: Slot, program: Program, limits: Limits,
-                      work: str | None = None) -> ExecResult:
+                      work: str | None = None,
+                      on_end: Callable[[], None] | None = None) -> ExecResult:
         # In a workspace the program's own file goes to the run's /tmp: the workspace keeps
         # only what the user and their programs put there.
         spec = spec_for(program.language, tuple(program.argv),
@@ -510,6 +517,7 @@ class SandboxPool:
             stdin=_as_bytes(program.stdin), files=pack_files(files, executable, tmp_files),
             env=env,
             work=work, collect=tuple(program.collect), collect_max=limits.stdout_bytes,
+            on_end=on_end,
         )
         result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
         if compile_result is not None:

@@ -432,11 +432,14 @@ class Slot:
         work: str | None = None,
         collect: tuple[str, ...] = (),
         collect_max: int = 1 << 20,
+        on_end: Callable[[], None] | None = None,
     ) -> StepOutcome:
         """Run one step in a fresh child and observe it until every process of it is gone.
 
         ``work`` names a persistent work dir (sessions); by default the child gets a fresh
-        tmpfs that dies with it. ``collect`` names work-dir files to bring back.
+        tmpfs that dies with it. ``collect`` names work-dir files to bring back. ``on_end`` is
+        called once the step's processes are gone (or it could not start), before the
+        measurements are read and its cgroup removed: the CPU is free from then on.
         """
         for _ in range(2):
             self.runs += 1
@@ -449,7 +452,7 @@ class Slot:
                 return out
             try:
                 await self._execute(cg, step, limits, stdin, files, env, work, collect,
-                                    collect_max, out)
+                                    collect_max, out, on_end)
             finally:
                 await self._remove_run_group(cg, out)
             if not out.lost_before_start:
@@ -517,7 +520,8 @@ class Slot:
 
     async def _execute(self, cg: Cgroup, step: Step, limits: StepLimits, stdin: bytes,
                        files: bytes, env: dict[str, str], work: str | None,
-                       collect: tuple[str, ...], collect_max: int, out: StepOutcome) -> None:
+                       collect: tuple[str, ...], collect_max: int, out: StepOutcome,
+                       on_end: Callable[[], None] | None) -> None:
         rlimits = (
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_NOFILE, limits.open_files),
@@ -536,6 +540,8 @@ class Slot:
                 if fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+        if on_end is not None and not out.lost_before_start:  # else it runs again (execute)
+            on_end()
         try:
             out.stats = cg.stats(failcnt=out.wait_status != 0)
         except OSError as e:
