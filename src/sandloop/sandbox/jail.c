@@ -55,6 +55,7 @@ struct sl_child {
     unsigned int uid, gid;
     const unsigned char *bpf; /* classic BPF seccomp program, 8-byte instructions */
     unsigned int bpf_len;
+    int detach_early;        /* no session dir to bind: private_dir goes before the request */
 };
 
 /* Report a setup failure (before any untrusted code runs) and exit: on the control socket
@@ -309,6 +310,12 @@ static void prepare(const struct sl_child *c)
     close(fd);
     CHECK(sethostname("sandbox", 7), "SetupError: sethostname: %s", strerror(errno));
     loopback_up(ctl, st);
+    /* Cloned while the zygote held no session dir, this child can only serve a run without
+     * one: detach the private area now. The unmount waits for an RCU grace period (~0.4 ms on
+     * average here, over 1 ms at times), which then delays no run. */
+    if (c->detach_early)
+        CHECK(umount2(c->private_dir, MNT_DETACH), "SetupError: umount %s: %s", c->private_dir,
+              strerror(errno));
     /* The capability bounding set is already empty (inherited from the zygote). */
 }
 
@@ -337,6 +344,8 @@ static void enter_work_dir(const struct sl_child *c, const char *work, int st)
     if (work[0] != 0) {
         /* Only a session dir mounted under <private>/work/: a bare directory there would be
          * the zygote's own tmpfs (the dir was mounted after this child was cloned). */
+        if (c->detach_early)
+            fail(ctl, st, "SetupError: work dir %s is not mounted in this child", work);
         size_t plen = strlen(c->private_dir);
         struct stat ws, bs;
         char base[4096];
@@ -353,8 +362,9 @@ static void enter_work_dir(const struct sl_child *c, const char *work, int st)
         CHECK(mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, c->work_opts),
               "SetupError: mount %s: %s", WORK_DIR, strerror(errno));
     }
-    CHECK(umount2(c->private_dir, MNT_DETACH), "SetupError: umount %s: %s", c->private_dir,
-          strerror(errno));
+    if (!c->detach_early)
+        CHECK(umount2(c->private_dir, MNT_DETACH), "SetupError: umount %s: %s", c->private_dir,
+              strerror(errno));
 }
 
 /* Step 4: rlimits, the slot's uid/gid for good, no_new_privs, seccomp, then the files. */

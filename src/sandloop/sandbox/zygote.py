@@ -193,7 +193,7 @@ class _SlChild(ctypes.Structure):
         ("tmp_opts", ctypes.c_char_p), ("tmp_binds", ctypes.POINTER(ctypes.c_char_p)),
         ("n_tmp_binds", ctypes.c_int), ("private_dir", ctypes.c_char_p),
         ("uid", ctypes.c_uint), ("gid", ctypes.c_uint),
-        ("bpf", ctypes.c_char_p), ("bpf_len", ctypes.c_uint),
+        ("bpf", ctypes.c_char_p), ("bpf_len", ctypes.c_uint), ("detach_early", ctypes.c_int),
     ]
 
 
@@ -267,6 +267,7 @@ class Jail:
         returns 0 once the request has arrived and the child is locked down (see jail.c)."""
         c = self._struct(z, key)
         c.ctl_fd, c.parent_fd = ctl, parent
+        c.detach_early = int(not z.work_opts)  # see prepare_child
         ctypes.pythonapi.PyOS_BeforeFork()
         pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.state.child_fds))
         if pid == 0:
@@ -474,6 +475,8 @@ class Zygote:
         self.running = {}
         z.clone_flags = CHILD_CLONE_FLAGS
         child = jail._struct(self, self.last_key) if self.last_key is not None else None
+        if child is not None:
+            child.detach_early = int(not self.work_opts)  # see prepare_child
         z.child = ctypes.addressof(child) if child is not None else None
         z.key = (self.last_key or "").encode()
         return child  # referenced by the caller while the C loop may use it
@@ -783,6 +786,12 @@ def prepare_child(z: Zygote, opts: SpareKey) -> None:
         os.close(fd)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
+    if not z.work_opts:
+        # Cloned while the zygote held no session dir, this child can only serve a run without
+        # one (the zygote makes a new child for a session run): detach the private area now.
+        # The unmount waits for an RCU grace period (~0.4 ms on average here, over 1 ms at
+        # times), which then delays no run.
+        umount(PRIVATE, MNT_DETACH)
     # The capability bounding set is already empty (inherited from the zygote); ids,
     # no_new_privs and seccomp follow when the request arrives (an idle prepared child stays
     # root, so no process of the slot's uid ever exists between runs).
@@ -796,6 +805,8 @@ def enter_work_dir(z: Zygote, opts: SpareKey, work_path: str) -> None:
     become the root of a cgroup namespace: the run sees "/", not the host's group names."""
     _check(_libc.unshare(CLONE_NEWCGROUP), "unshare(CLONE_NEWCGROUP)")
     if work_path:
+        if not z.work_opts:  # detached in prepare_child: cannot be (the zygote checks it)
+            raise SetupError(f"work dir {work_path} is not mounted in this child")
         if not work_path.startswith(z.works + "/") or not work_path[len(z.works) + 1:].isalnum():
             raise SetupError(f"bad work dir {work_path!r}")
         # Only a mounted session dir: a bare directory would be the zygote's own tmpfs.
@@ -805,7 +816,8 @@ def enter_work_dir(z: Zygote, opts: SpareKey, work_path: str) -> None:
     else:
         mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
               f"{opts},mode=0755,uid={z.uid},gid={z.gid}")
-    umount(PRIVATE, MNT_DETACH)
+    if z.work_opts:
+        umount(PRIVATE, MNT_DETACH)
 
 
 def drop_privileges(z: Zygote) -> None:
