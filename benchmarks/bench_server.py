@@ -9,12 +9,13 @@ request minus the client's own ("server CPU/req": HTTP, engine, sandbox and kern
 
 The comparison is measured in the same run when a SandboxFusion server is given
 (``--sandboxfusion http://127.0.0.1:8089``; how to start one: docs/server.md): each level is
-driven on sandloop and then on SandboxFusion with the same client and programs, and the ratios
-are printed. Without one, the figures are set against SandboxFusion's from
+driven on both with the same client and programs, in alternating blocks (``--blocks``, default
+4: sandloop, SandboxFusion, sandloop, ...) so that the VM's drift within minutes weighs on both
+alike, and the ratios are printed. Without one, the figures are set against SandboxFusion's from
 ../shared/research/measured-here.md, which this VM's day-to-day drift makes rough (on
 2026-11-30 it did 33-37 runs/s side by side, not the ~55 of that day).
 
-    .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--concurrency 1 8 32]
+    .venv/bin/python benchmarks/bench_server.py [--rounds 4] [--concurrency 1 8 32]
         [--sandboxfusion URL]
 """
 
@@ -55,9 +56,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, list[float], int]:
+async def drive(url: str, codes: list[str], concurrency: int,
+                done: list[float] | None = None) -> tuple[float, list[float], int]:
     """POST every program to ``url`` with ``concurrency`` requests in flight; returns the wall
-    time, each request's latency and how many did not come back as a "Success"."""
+    time, each request's latency and how many did not come back as a "Success". ``done``, if
+    given, gets each request's completion time (time.perf_counter)."""
     lat: list[float] = []
     bad = 0
     it = iter(codes)
@@ -74,6 +77,8 @@ async def drive(url: str, codes: list[str], concurrency: int) -> tuple[float, li
                                                   "memory_limit_MB": 1024}) as r:
                     body = await r.json(content_type=None)
                 lat.append(time.perf_counter() - t0)
+                if done is not None:
+                    done.append(time.perf_counter())
                 if r.status != 200 or body.get("status") != "Success":
                     bad += 1
 
@@ -115,13 +120,56 @@ class Level:
     client_cpu_ms: float
 
 
-def measure(url: str, codes: list[str], concurrency: int) -> Level:
-    m0, c0 = busy_cpu_s(), own_cpu_s()
-    wall, lat, bad = asyncio.run(drive(url, codes, concurrency))
-    client = (own_cpu_s() - c0) / len(codes)
-    server = (busy_cpu_s() - m0) / len(codes) - client
-    return Level(concurrency, len(codes) / wall, statistics.median(lat) * 1e3,
-                 pct(lat, 99) * 1e3, bad, server * 1e3, client * 1e3)
+@dataclass
+class Tally:
+    """One server's measurements at one level, summed over its blocks."""
+
+    runs: int = 0
+    steady_runs: int = 0  # completions while the full concurrency was in flight ...
+    steady_s: float = 0.0  # ... and the time they took: runs/s without ramp-up and drain
+    bad: int = 0
+    machine_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    lat: list[float] | None = None
+
+    def drive_block(self, url: str, codes: list[str], concurrency: int) -> None:
+        m0, c0 = busy_cpu_s(), own_cpu_s()
+        done: list[float] = []
+        wall, lat, bad = asyncio.run(drive(url, codes, concurrency, done))
+        self.client_cpu_s += own_cpu_s() - c0
+        self.machine_cpu_s += busy_cpu_s() - m0
+        self.runs += len(codes)
+        # From the first to the last completion that still had every worker busy: the ramp-up
+        # and the drain at the ends of a block run below the concurrency asked for.
+        first, last = (concurrency - 1, len(done) - concurrency) if concurrency > 1 else (0, len(done) - 1)
+        if last > first:
+            self.steady_runs += last - first
+            self.steady_s += done[last] - done[first]
+        else:  # too few runs for a steady state: the whole block
+            self.steady_runs += len(codes)
+            self.steady_s += wall
+        self.bad += bad
+        self.lat = (self.lat or []) + lat
+
+    def level(self, concurrency: int) -> Level:
+        lat = self.lat or [0.0]
+        client = self.client_cpu_s / self.runs
+        return Level(concurrency, self.steady_runs / self.steady_s, statistics.median(lat) * 1e3,
+                     pct(lat, 99) * 1e3, self.bad,
+                     (self.machine_cpu_s / self.runs - client) * 1e3, client * 1e3)
+
+
+def measure(urls: list[str], codes: list[str], concurrency: int, blocks: int) -> list[Level]:
+    """Drive each server with ``codes`` at ``concurrency``, in ``blocks`` turns each, the
+    servers alternating block by block: this VM's speed drifts by 10-20 % within minutes, and
+    alternating makes the drift weigh on every server alike."""
+    tallies = [Tally() for _ in urls]
+    size = -(-len(codes) // blocks)
+    for b in range(blocks):
+        part = codes[b * size:(b + 1) * size]
+        for url, tally in zip(urls, tallies, strict=True):
+            tally.drive_block(url, part, concurrency)
+    return [t.level(concurrency) for t in tallies]
 
 
 def print_table(title: str, levels: list[Level]) -> None:
@@ -148,11 +196,13 @@ def wait_ready(url: str, timeout_s: float = 60) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2, help="passes over the 164 programs")
+    ap.add_argument("--rounds", type=int, default=4, help="passes over the 164 programs")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--slots", type=int, default=None)
     ap.add_argument("--sandboxfusion", metavar="URL", default=None,
                     help="a running SandboxFusion server to measure side by side")
+    ap.add_argument("--blocks", type=int, default=4,
+                    help="with --sandboxfusion: turns per level, the servers alternating")
     a = ap.parse_args()
     port = free_port()
     # Its default logging (one JSON line per request), as SandboxFusion keeps its own.
@@ -171,10 +221,11 @@ def main() -> None:
         if sf:
             wait_ready(f"{sf}/v1/ping")
             asyncio.run(drive(f"{sf}/run_code", programs()[:16], 4))
-        for c in a.concurrency:  # level by level, so that the VM's drift weighs on both
-            ours.append(measure(f"{base}/run_code", codes, c))
-            if sf:
-                theirs.append(measure(f"{sf}/run_code", codes, c))
+        urls = [f"{base}/run_code"] + ([f"{sf}/run_code"] if sf else [])
+        for c in a.concurrency:
+            levels = measure(urls, codes, c, a.blocks if sf else 1)
+            ours.append(levels[0])
+            theirs.extend(levels[1:])
     finally:
         srv.terminate()
         srv.wait(30)
