@@ -542,6 +542,9 @@ class Slot:
                         os.close(fd)
         if on_end is not None and not out.lost_before_start:  # else it runs again (execute)
             on_end()
+            # Let a job that on_end started reach its slot first: this run's measurements,
+            # cgroup removal and result can wait, a core meanwhile idle cannot.
+            await asyncio.sleep(0)
         try:
             out.stats = cg.stats(failcnt=out.wait_status != 0)
         except OSError as e:
