@@ -389,3 +389,15 @@ async def test_a_finished_runs_files_are_freed_promptly_on_an_idle_slot(pool: Sa
             break
         await asyncio.sleep(0.01)
     assert _shmem_mb() - base < 16, f"{_shmem_mb() - base} MiB still held after the run"
+
+
+async def test_a_runs_network_namespace_has_a_tcp_hash_of_its_own(pool: SandboxPool) -> None:
+    # Sharing the host's (negative: "not owned") would make freeing every run's namespace walk
+    # the host's whole TCP hash; the zygote's own namespace gives the runs' a small one.
+    if not Path("/proc/sys/net/ipv4/tcp_child_ehash_entries").exists():
+        pytest.skip("no per-namespace TCP hash on this kernel (Linux < 6.1)")
+    r = await run(pool, "print(open('/proc/sys/net/ipv4/tcp_ehash_entries').read())\n"
+                        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                        "socket.create_connection(s.getsockname()).close()\n")
+    assert r.status is Status.OK, r
+    assert 0 < int(r.stdout) <= 1024, r.stdout

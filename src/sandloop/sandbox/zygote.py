@@ -61,6 +61,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CHILD_CLONE_FLAGS = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+RUN_TCP_HASH_BUCKETS = 128  # a run's own TCP hash table: loopback only, a few sockets
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -323,6 +324,14 @@ class Zygote:
         with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
             f.write("-1000")
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        # A network namespace of the zygote's own (it needs none), so that the runs' ones,
+        # created from it, get a small TCP hash each (tcp_child_ehash_entries, Linux 6.1+)
+        # rather than sharing the host's: freeing a run's namespace then no longer walks the
+        # host's whole hash (262,144 buckets here) for its TIME_WAIT sockets, ~0.1 ms per run.
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        with contextlib.suppress(FileNotFoundError), \
+                open("/proc/sys/net/ipv4/tcp_child_ehash_entries", "w") as f:
+            f.write(str(RUN_TCP_HASH_BUCKETS))
         # Nothing we mount may propagate back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         mount("tmpfs", self.base, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0700")
