@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import httpx
@@ -130,7 +130,7 @@ class Tally:
     bad: int = 0
     machine_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
-    lat: list[float] | None = None
+    lat: list[float] = field(default_factory=list)
 
     def drive_block(self, url: str, codes: list[str], concurrency: int) -> None:
         m0, c0 = busy_cpu_s(), own_cpu_s()
@@ -149,10 +149,10 @@ class Tally:
             self.steady_runs += len(codes)
             self.steady_s += wall
         self.bad += bad
-        self.lat = (self.lat or []) + lat
+        self.lat.extend(lat)
 
     def level(self, concurrency: int) -> Level:
-        lat = self.lat or [0.0]
+        lat = self.lat or [0.0]  # (none only if no block ran)
         client = self.client_cpu_s / self.runs
         return Level(concurrency, self.steady_runs / self.steady_s, statistics.median(lat) * 1e3,
                      pct(lat, 99) * 1e3, self.bad,

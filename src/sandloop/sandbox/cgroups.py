@@ -353,6 +353,7 @@ class SharedRunDirs:
         self._group = backend._mkdirs(name, self.dirs)  # removes what it made if one fails
         self.limits: CgroupLimits | None = None  # what the directories are set to
         self.procs_fds: list[int] = []
+        self._usage = self._current = self._quota = -1
         try:
             self.procs_fds = self._group.procs_fds()
             self._usage = os.open(f"{self.dirs['cpuacct']}/cpuacct.usage",
@@ -387,8 +388,7 @@ class SharedRunDirs:
 
     def close(self) -> None:
         """Kill anything inside and remove the directories (CgroupError if they stay)."""
-        for fd in (getattr(self, "_usage", -1), getattr(self, "_current", -1),
-                   getattr(self, "_quota", -1)):
+        for fd in (self._usage, self._current, self._quota):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)

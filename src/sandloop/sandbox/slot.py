@@ -457,8 +457,8 @@ class Slot:
                 await self._remove_run_group(cg, out)
             if not out.lost_before_start:
                 break
-            # Once more, with the fresh child the zygote makes (and a fresh group: nothing of
-            # the first carries).
+            # Once more, with the fresh child the zygote makes (and a fresh memory group, the
+            # shared ones ready again: nothing of the first carries).
         return out
 
     def _run_group(self, want: CgroupLimits) -> Cgroup:
@@ -500,7 +500,7 @@ class Slot:
         return cg
 
     def _attach_shared(self, cg: Cgroup, want: CgroupLimits) -> None:
-        if self._shared is None or "pids" in cg.dirs:
+        if self._shared is None:  # a backend without shared directories (v2)
             return
         try:
             cg.attach(self._shared, want)

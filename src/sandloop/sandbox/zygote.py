@@ -248,6 +248,8 @@ class Jail:
         self._structs: dict[SpareKey, tuple[_SlChild, Any, list[bytes]]] = {}
 
     def _struct(self, z: Zygote, key: SpareKey) -> _SlChild:
+        """The child's configuration for these tmpfs sizes, as of now (see prepare_child for
+        detach_early)."""
         if key not in self._structs:
             opts = key
             binds = [x.encode() for pair in z.tmp_binds for x in pair]
@@ -261,14 +263,15 @@ class Jail:
             if len(self._structs) > 64:  # only the sizes of requests' work dirs vary
                 self._structs.clear()
             self._structs[key] = (c, arr, binds)
-        return self._structs[key][0]
+        c = self._structs[key][0]
+        c.detach_early = int(not z.work_opts)
+        return c
 
     def spawn(self, z: Zygote, key: SpareKey, flags: int, ctl: int, parent: int) -> int:
         """Clone a child that isolates itself in C. Returns the pid in the zygote; in the child,
         returns 0 once the request has arrived and the child is locked down (see jail.c)."""
         c = self._struct(z, key)
         c.ctl_fd, c.parent_fd = ctl, parent
-        c.detach_early = int(not z.work_opts)  # see prepare_child
         ctypes.pythonapi.PyOS_BeforeFork()
         pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.state.child_fds))
         if pid == 0:
@@ -484,8 +487,6 @@ class Zygote:
         self.running = {}
         z.clone_flags = CHILD_CLONE_FLAGS
         child = jail._struct(self, self.last_key) if self.last_key is not None else None
-        if child is not None:
-            child.detach_early = int(not self.work_opts)  # see prepare_child
         z.child = ctypes.addressof(child) if child is not None else None
         z.key = (self.last_key or "").encode()
         return child  # referenced by the caller while the C loop may use it
@@ -1164,12 +1165,8 @@ def decode_msg(data: bytes) -> dict[str, Any] | None:
 
 
 def recv_msg(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    fds = array.array("i")
-    data, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(16 * fds.itemsize))
-    for level, typ, cdata in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
-    return decode_msg(data), list(fds)
+    data, fds = recv_raw(sock, 1 << 16)
+    return decode_msg(data), fds
 
 
 def _close_all(fds: list[int]) -> None:
@@ -1178,9 +1175,9 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
 
 
-def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
+def recv_raw(sock: socket.socket, size: int = 4096) -> tuple[bytes, list[int]]:
     fds = array.array("i")
-    data, anc, _flags, _addr = sock.recvmsg(4096, socket.CMSG_SPACE(16 * fds.itemsize))
+    data, anc, _flags, _addr = sock.recvmsg(size, socket.CMSG_SPACE(16 * fds.itemsize))
     for level, typ, cdata in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
             fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
