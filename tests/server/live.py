@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -21,23 +22,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LiveServer:
-    def __init__(self, config: ServerConfig | None = None, keys_file: Path | None = None) -> None:
-        port = free_port()
-        base = config or ServerConfig()
-        self.config = ServerConfig(**{**vars(base), "port": port, "keys_file": keys_file})
-        self.app = create_app(self.config, keys=KeyStore.load(keys_file))
+class LiveApp:
+    """Any ASGI app served by uvicorn on a free 127.0.0.1 port, in a thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self._server = uvicorn.Server(uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_config=None, access_log=False,
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False,
             log_level="warning", timeout_graceful_shutdown=10))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
-    @property
-    def state(self):  # type: ignore[no-untyped-def]
-        return self.app.state.sandloop
-
-    def __enter__(self) -> LiveServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
@@ -49,6 +46,21 @@ class LiveServer:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(30)
+
+
+class LiveServer(LiveApp):
+    """A sandloop server (create_app) served by :class:`LiveApp`."""
+
+    def __init__(self, config: ServerConfig | None = None, keys_file: Path | None = None) -> None:
+        port = free_port()
+        base = config or ServerConfig()
+        self.config = ServerConfig(**{**vars(base), "port": port, "keys_file": keys_file})
+        self.app = create_app(self.config, keys=KeyStore.load(keys_file))
+        super().__init__(self.app, port)
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        return self.app.state.sandloop
 
 
 def serve_process(port: int, *args: str) -> subprocess.Popen[bytes]:

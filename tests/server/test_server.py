@@ -78,7 +78,13 @@ def test_operations(server: LiveServer) -> None:
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").json()["status"] == "ready"
         c.post("/v1/run", json={"source": "print(1)"})
+        # /run_code takes the direct lane (server/direct.py): still counted under its route,
+        # still given a request id.
+        r = c.post("/run_code", json={"code": "print(1)", "language": "python"},
+                   headers={"x-request-id": "rc-1"})
+        assert r.json()["run_result"]["stdout"] == "1\n" and r.headers["x-request-id"] == "rc-1"
         text = c.get("/metrics").text
+        assert 'sandloop_http_requests_total{code="200",method="POST",route="/run_code"}' in text
         for name in ("sandloop_queue_depth", "sandloop_slots_busy", "sandloop_run_seconds_bucket",
                      'sandloop_runs_total{status="ok"}', "sandloop_http_requests_total"):
             assert name in text, name

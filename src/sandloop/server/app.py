@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +40,7 @@ from sandloop.sandbox.requests import ExecRequest
 from sandloop.server import sandboxfusion as sf
 from sandloop.server.auth import KeyPolicy, KeyStore, Refused
 from sandloop.server.config import ServerConfig, is_loopback
+from sandloop.server.direct import DirectRoute, DirectRoutes
 from sandloop.server.observability import Metrics, RequestMiddleware, log
 from sandloop.server.usage import UsageLedger, default_usage_path
 from sandloop.store import ResultStore
@@ -661,6 +663,19 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
         """/get_reward with the API key in the URL."""
         return await get_reward(request, body, api_key)
 
+    # The SandboxFusion routes, called once per rollout, skip FastAPI's per-request machinery
+    # (see server/direct.py); their FastAPI routes stay the description and the fallback.
+    def route_of(endpoint: Callable[..., Any]) -> APIRoute:
+        return next(r for r in app.routes if isinstance(r, APIRoute) and r.endpoint is endpoint)
+
+    app.add_middleware(DirectRoutes, fastapi=app, routes=[
+        DirectRoute(route_of(run_code_plain), sf.RunCodeRequest,
+                    lambda request, body: run_code(request, body,
+                                                   request.query_params.get("api_key"))),
+        DirectRoute(route_of(run_code_keyed), sf.RunCodeRequest,
+                    lambda request, body: run_code(request, body,
+                                                   request.path_params["api_key"])),
+    ])
     app.add_middleware(RequestMiddleware, metrics=st.metrics,
                        max_body_bytes=config.max_body_bytes)
     return app
