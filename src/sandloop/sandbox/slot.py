@@ -258,7 +258,8 @@ class Slot:
         }
         try:
             self.proc = subprocess.Popen(
-                [self.config.python, "-I", zygote_module.__file__, str(child.fileno())],
+                [self.config.python, "-I", "-c", zygote_module.BOOTSTRAP, str(child.fileno()),
+                 zygote_module.__file__],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,

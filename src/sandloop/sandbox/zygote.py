@@ -1,7 +1,7 @@
 """The fork-server (zygote) of one slot, and the isolation steps of every child it spawns.
 
-This file runs as its own process under the runtime's Python interpreter (``python -I zygote.py``),
-so it imports only the standard library. It is started as root by the slot supervisor, holds no
+This file runs as its own process under the runtime's Python interpreter (started through
+``BOOTSTRAP``), so it imports only the standard library. It is started as root by the slot supervisor, holds no
 secrets, never runs untrusted code, and never reads a request's program, arguments, stdin or
 files (they travel in memfds that only the child opens), so no child can find an earlier run's
 data in the memory it inherits. Each run is a fresh child cloned into new pid, mount, net, ipc
@@ -1203,9 +1203,26 @@ def main() -> None:
     except Exception as e:
         sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())
         return
+    # Give back the heap's free pages (what compiling and importing left): every child would
+    # otherwise inherit them, resident, like live memory. glibc only; elsewhere a no-op.
+    with contextlib.suppress(AttributeError):
+        _libc.malloc_trim(0)
     sock.send(json.dumps({"ok": True, "pid": os.getpid()}).encode())
     z.serve(sock)
 
 
-if __name__ == "__main__":
-    main()
+# How the supervisor starts a zygote: ``python -I -c BOOTSTRAP <socket fd> <this file>``. Not as
+# ``python zygote.py``: a script's syntax tree stays alive while its top-level code runs, and
+# main() never returns, so every child would inherit ~2 MiB of it, copying its page tables at
+# fork and unmapping them at exit. Imported as a module (from its cached bytecode when there is
+# one), nothing of the compilation stays.
+BOOTSTRAP = (
+    "import sys\n"
+    "from importlib.machinery import SourceFileLoader\n"
+    "from types import ModuleType\n"
+    "loader = SourceFileLoader('sandloop_zygote', sys.argv[2])\n"
+    "zygote = sys.modules[loader.name] = ModuleType(loader.name)\n"
+    "zygote.__file__ = sys.argv[2]\n"
+    "loader.exec_module(zygote)\n"
+    "zygote.main()\n"
+)
