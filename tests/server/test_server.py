@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -70,6 +71,12 @@ def test_bad_input_is_a_clear_4xx(server: LiveServer) -> None:
         assert r.status_code == 400 and "items[0]" in r.json()["error"]
         big = "x" * (server.config.max_body_bytes + 10)
         r = c.post("/v1/run", json={"source": big})
+        assert r.status_code == 413
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the limit counts as it reads
+            yield b'{"code": "' + big.encode() + b'", "language": "python"}'
+
+        r = c.post("/run_code", content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413
 
 
