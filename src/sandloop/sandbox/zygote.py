@@ -1,11 +1,11 @@
 """The fork-server (zygote) of one slot, and the isolation steps of every child it spawns.
 
 This file runs as its own process under the runtime's Python interpreter (started through
-``BOOTSTRAP``), so it imports only the standard library. It is started as root by the slot supervisor, holds no
-secrets, never runs untrusted code, and never reads a request's program, arguments, stdin or
-files (they travel in memfds that only the child opens), so no child can find an earlier run's
-data in the memory it inherits. Each run is a fresh child cloned into new pid, mount, net, ipc
-and uts namespaces, which
+``BOOTSTRAP``), so it imports only the standard library. It is started as root by the slot
+supervisor, holds no secrets, never runs untrusted code, and never reads a request's program,
+arguments, stdin or files (they travel in memfds that only the child opens), so no child can
+find an earlier run's data in the memory it inherits. Each run is a fresh child cloned into new
+pid, mount, net, ipc and uts namespaces, which
 
   1. is born inside the slot's (limit-free) cgroups, which the zygote joined at start,
      lives in the zygote's minimal read-only root (runtime directories bound read-only, a few
