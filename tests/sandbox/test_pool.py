@@ -179,9 +179,11 @@ async def test_a_zygote_holds_little_beyond_its_preload() -> None:
     plain = subprocess.Popen(
         [sys.executable, "-I", "-c",
          f"import {', '.join(DEFAULT_PRELOAD)}, ctypes, json, socket, select, platform, "
-         "struct, resource, signal, array\nimport sys; sys.stdin.read()"],
-        stdin=subprocess.PIPE)
+         "struct, resource, signal, array\nprint(flush=True)\nimport sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert plain.stdout is not None
+        plain.stdout.readline()  # its imports are done
         async with SandboxPool(1) as pool:
             await pool.run(Program(source="pass"))
             zygote = _anon_kib(pool._slots[0].zygote_pid)
