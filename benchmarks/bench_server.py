@@ -37,15 +37,12 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import httpx
 
+from sandloop._aio import run
 from sandloop.tasks.loaders import humaneval_path
-
-T = TypeVar("T")
 
 
 def programs() -> list[str]:
@@ -62,15 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop where it is installed (it comes with uvicorn[standard])."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 class _Conn:
