@@ -6,8 +6,10 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from sandloop.errors import InputError
 
-class JsonLineError(ValueError):
+
+class JsonLineError(InputError):
     """A line is not a JSON object. ``line`` is 1-based; callers add the file and their type."""
 
     def __init__(self, line: int, reason: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sandloop.engine.scheduling import QueueFull, ResourceTooLarge
+from sandloop.errors import EngineError
 
 __all__ = [
     "DeadlineExceeded",
@@ -22,11 +23,8 @@ __all__ = [
 EngineOverloaded = QueueFull
 
 
-class EngineError(RuntimeError):
-    """Base class of the engine's own failures (never a program's result)."""
 
-
-class EngineClosed(EngineError):
+class EngineClosed(EngineError, RuntimeError):
     """The engine is closed (or closing): no new jobs; queued ones were cancelled."""
 
 
@@ -38,7 +36,7 @@ class DeadlineExceeded(EngineError, TimeoutError):
     """
 
 
-class RateLimited(EngineError):
+class RateLimited(EngineError, RuntimeError):
     """The client used up its token bucket and its policy is ``on_limit="reject"``."""
 
     def __init__(self, client: str, retry_after_s: float) -> None:
@@ -49,17 +47,17 @@ class RateLimited(EngineError):
         self.retry_after_s = retry_after_s
 
 
-class SessionClosed(EngineError):
+class SessionClosed(EngineError, RuntimeError):
     """The session was closed by its owner (or the engine shut down)."""
 
 
-class SessionExpired(EngineError):
+class SessionExpired(EngineError, RuntimeError):
     """The session passed its TTL or idle timeout and was reaped; its files are gone."""
 
 
-class SessionLost(EngineError):
+class SessionLost(EngineError, RuntimeError):
     """The session's sandbox slot died, taking its files; open a new session."""
 
 
-class SessionLimit(EngineError):
+class SessionLimit(EngineError, RuntimeError):
     """The engine holds ``max_sessions`` open sessions; close some or raise the limit."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.store.sqlite import open_wal
 
@@ -43,7 +44,7 @@ CREATE INDEX IF NOT EXISTS engine_jobs_pending ON engine_jobs (state) WHERE stat
 """
 
 
-class JournalError(RuntimeError):
+class JournalError(EngineError, RuntimeError):
     """The journal file cannot be opened or has an incompatible schema."""
 
 

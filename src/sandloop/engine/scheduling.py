@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from sandloop.errors import EngineError, InputError
+
 __all__ = [
     "Admission",
     "Demand",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class QueueFull(RuntimeError):
+class QueueFull(EngineError, RuntimeError):
     """The engine's queue holds ``max_queued`` jobs already (backpressure).
 
     Wait for results before submitting more, submit with ``block=True`` (the default for
@@ -31,7 +33,7 @@ class QueueFull(RuntimeError):
     """
 
 
-class ResourceTooLarge(ValueError):
+class ResourceTooLarge(EngineError, InputError):
     """A job declares more memory or CPU than the whole engine may ever grant one job."""
 
 

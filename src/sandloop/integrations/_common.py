@@ -6,6 +6,7 @@ import os
 import threading
 from typing import Any
 
+from sandloop.errors import IntegrationError
 from sandloop.integrations.scorer import Scorer
 from sandloop.reward import CompletionResult, RewardConfig
 
@@ -15,7 +16,7 @@ _scorers: dict[tuple[Any, ...], Scorer] = {}
 _lock = threading.Lock()
 
 
-class InfraFailure(RuntimeError):
+class InfraFailure(IntegrationError, RuntimeError):
     """The sandbox infrastructure failed after retries: the reward is unknown (not 0)."""
 
 

@@ -13,12 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sandloop.errors import InputError, IntegrationError
 from sandloop.tasks import Task, TaskFormatError, detect_format, parse_record
 
 __all__ = ["LabelError", "resolve_task"]
 
 
-class LabelError(ValueError):
+class LabelError(IntegrationError, InputError):
     """A label names no known task and is not a task or tests record."""
 
 

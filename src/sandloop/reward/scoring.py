@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandloop.errors import InputError, RewardError
 from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.reward.verifier import CompletionResult, Verifier, completion_hash
 from sandloop.store import ResultKey, ResultStore
@@ -17,7 +18,7 @@ from sandloop.tasks import Task
 __all__ = ["Completion", "CompletionFileError", "read_completions", "score_all"]
 
 
-class CompletionFileError(ValueError):
+class CompletionFileError(RewardError, InputError):
     """A completions file is malformed; names the file and line."""
 
 

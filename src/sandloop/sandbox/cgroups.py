@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandloop.errors import SandboxError
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_NAME = "sandloop"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
@@ -49,7 +51,7 @@ V2_REQUIRED = ("memory", "pids", "cpu")
 CFS_PERIOD_US = 100_000
 
 
-class CgroupError(RuntimeError):
+class CgroupError(SandboxError, RuntimeError):
     """The host's cgroups cannot provide the limits a run needs."""
 
 

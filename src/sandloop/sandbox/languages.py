@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
+from sandloop.errors import SandboxError
 from sandloop.sandbox.models import canonical_language
 
 WORK_DIR = "/sandbox"  # must match zygote.WORK_DIR
@@ -13,7 +14,7 @@ TOOLS_DIR = "/.sandloop/bin"  # `python`/`python3` -> the pool's interpreter (zy
 SANDBOX_PATH = f"{TOOLS_DIR}:{HOST_PATH}"
 
 
-class LanguageUnavailable(RuntimeError):
+class LanguageUnavailable(SandboxError, RuntimeError):
     """The toolchain for a language is not installed on this host."""
 
 

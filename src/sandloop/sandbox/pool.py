@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from sandloop import _aio as aio
+from sandloop.errors import SandboxError
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
@@ -39,7 +40,7 @@ _TOUCH = Step("exec", ("/bin/true",))  # a no-op program: files are written, or 
 DEFAULT_UID_BASE = 61000
 
 
-class IsolationUnavailable(RuntimeError):
+class IsolationUnavailable(SandboxError, RuntimeError):
     """Full isolation was requested but the host cannot provide it (see ``sandloop doctor``)."""
 
 
@@ -126,7 +127,7 @@ class Workspace:
     generation: int = 0  # the slot's zygote generation it lives in
 
 
-class WorkspaceLost(RuntimeError):
+class WorkspaceLost(SandboxError, RuntimeError):
     """The workspace's slot was restarted (its zygote died), taking the workspace's files."""
 
 

@@ -6,11 +6,12 @@ from collections.abc import Iterable
 
 from pydantic import Field, ValidationError
 
+from sandloop.errors import InputError, SandboxError
 from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.sandbox.models import Limits, Program
 
 
-class BatchRequestError(ValueError):
+class BatchRequestError(SandboxError, InputError):
     """A request line is malformed; the message names the line and the field."""
 
 

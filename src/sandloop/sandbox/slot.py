@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandloop.errors import SandboxError
 from sandloop.sandbox import zygote as zygote_module
 from sandloop.sandbox.cgroups import (
     Cgroup,
@@ -46,7 +47,7 @@ NS_HOLD_MAX_S = 0.05  # ... or this soon after the first of them ended, whicheve
 READ_CHUNK = 1 << 16
 
 
-class SlotBroken(RuntimeError):
+class SlotBroken(SandboxError, RuntimeError):
     """The slot's zygote died or misbehaved; the pool replaces the slot."""
 
 

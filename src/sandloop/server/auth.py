@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandloop.engine.scheduling import TokenBucket
+from sandloop.errors import InputError, ServerError
 from sandloop.server.usage import UsageLedger, UsageLedgerError
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
 ANONYMOUS = "anonymous"
 
 
-class KeysFileError(ValueError):
+class KeysFileError(ServerError, InputError):
     """The keys file is missing or malformed (the message names the file and the entry)."""
 
 

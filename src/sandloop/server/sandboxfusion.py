@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandloop.errors import InputError, ServerError
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status, check_relative_path
 
 __all__ = [
@@ -41,7 +42,7 @@ SF_LANGUAGES = (
 )
 
 
-class SFRequestError(ValueError):
+class SFRequestError(ServerError, InputError):
     """A request sandloop refuses (HTTP 400), e.g. a file path outside the work dir."""
 
 

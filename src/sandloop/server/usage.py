@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from sandloop.errors import ServerError
 from sandloop.store.sqlite import open_wal
 
 __all__ = ["UsageLedger", "UsageLedgerError", "default_usage_path"]
@@ -23,7 +24,7 @@ CREATE TABLE IF NOT EXISTS usage_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL
 """
 
 
-class UsageLedgerError(RuntimeError):
+class UsageLedgerError(ServerError, RuntimeError):
     """The quota ledger cannot be opened or written (the message names the file)."""
 
 

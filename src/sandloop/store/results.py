@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sandloop.errors import StoreError
 from sandloop.store.sqlite import open_wal
 
 __all__ = ["ResultKey", "ResultStore", "StoreError"]
@@ -39,9 +40,6 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE INDEX IF NOT EXISTS results_task ON results (task_id, task_version);
 """
 
-
-class StoreError(RuntimeError):
-    """The store file cannot be opened or has an incompatible schema."""
 
 
 class ResultKey(tuple[str, str, str, str]):

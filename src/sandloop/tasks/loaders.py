@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandloop.errors import InputError, TaskError
 from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.tasks.convert import doctest_calls, split_asserts, split_check
 from sandloop.tasks.models import (
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(TaskError, InputError):
     """A task file or record is malformed. Names the file, the line (1-based) and the field."""
 
     def __init__(

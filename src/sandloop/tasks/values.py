@@ -25,6 +25,8 @@ import json
 import math
 from typing import Any
 
+from sandloop.errors import InputError, TaskError
+
 __all__ = [
     "MAX_DEPTH",
     "Opaque",
@@ -41,7 +43,7 @@ MAX_DEPTH = 64
 _TAGS = ("$tuple", "$dict", "$set", "$frozenset", "$bytes", "$float", "$complex", "$opaque")
 
 
-class ValueCodecError(ValueError):
+class ValueCodecError(TaskError, InputError):
     """A value cannot be encoded, or an encoded value is malformed."""
 
 

@@ -1,0 +1,78 @@
+"""sandloop's exception tree: one base class per layer under ``SandloopError``.
+
+Catch ``SandloopError`` to handle anything sandloop raises on purpose; anything else that escapes
+is a bug. Each layer's base says where a failure came from, and ``InputError`` (also a
+``ValueError``) marks what the caller got wrong, as opposed to what failed underneath::
+
+    SandloopError
+    ├── InputError (ValueError)          the caller's input is wrong: fix it and retry
+    ├── SandboxError                     one run's isolation or execution machinery
+    │   ├── IsolationUnavailable         the host cannot give the isolation asked for
+    │   ├── LanguageUnavailable          a language's toolchain is missing
+    │   ├── WorkspaceLost                a workspace's files are gone (its slot restarted)
+    │   ├── SlotBroken                   a slot's fork-server failed under a run
+    │   ├── CgroupError                  cgroups cannot be set up
+    │   └── BatchRequestError (InputError)  a bad line in an exec-batch file
+    ├── EngineError                      scheduling: EngineClosed, DeadlineExceeded, RateLimited,
+    │                                    QueueFull, ResourceTooLarge (InputError), Session*,
+    │                                    JournalError
+    ├── TaskError                        task data: TaskFormatError, ValueCodecError (InputError)
+    ├── RewardError                      verification and scoring: CompletionFileError (InputError)
+    ├── StoreError                       the durable result store
+    ├── IntegrationError                 trainer adapters: InfraFailure, LabelError (InputError)
+    └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
+                                         SFRequestError (InputError)
+
+Most classes also keep the builtin base they had before this tree existed (``RuntimeError``,
+``ValueError``), so older ``except`` clauses still catch them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineError",
+    "InputError",
+    "IntegrationError",
+    "RewardError",
+    "SandboxError",
+    "SandloopError",
+    "ServerError",
+    "StoreError",
+    "TaskError",
+]
+
+
+class SandloopError(Exception):
+    """Base of every exception sandloop raises on purpose."""
+
+
+class InputError(SandloopError, ValueError):
+    """The caller's input is wrong (a file, a field, an option): the message names what to fix."""
+
+
+class SandboxError(SandloopError):
+    """The sandbox layer: isolation, slots, workspaces, toolchains."""
+
+
+class EngineError(SandloopError):
+    """The engine: scheduling, admission, sessions, the journal."""
+
+
+class TaskError(SandloopError):
+    """Task data: schemas, loaders, typed values."""
+
+
+class RewardError(SandloopError):
+    """Verification, comparison and scoring."""
+
+
+class StoreError(SandloopError):
+    """The durable result store."""
+
+
+class IntegrationError(SandloopError):
+    """Trainer adapters (TRL, verl, OpenRLHF) and remote scoring clients."""
+
+
+class ServerError(SandloopError):
+    """The HTTP service: keys, quotas, compatibility front ends."""
