@@ -66,7 +66,7 @@ class LiveServer(LiveApp):
 def serve_process(port: int, *args: str) -> subprocess.Popen[bytes]:
     """`sandloop serve ARGS` on ``port`` as its own process group, once it answers /readyz."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port), *args],
+        [sys.executable, "-m", "sandloop", "serve", "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -135,7 +135,7 @@ def test_refuses_non_loopback_without_keys(tmp_path: Path) -> None:
             assert "without API keys" in str(e)
         else:
             raise AssertionError(host)
-    p = subprocess.run([sys.executable, "-m", "sandloop.server", "serve", "--host", "0.0.0.0"],
+    p = subprocess.run([sys.executable, "-m", "sandloop", "serve", "--host", "0.0.0.0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "without API keys" in p.stderr
     assert not KeyStore.load(None).enabled

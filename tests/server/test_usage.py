@@ -71,7 +71,7 @@ def test_unusable_ledger_stops_serve_at_start(tmp_path: Path) -> None:
     add_key(keys, "q", max_runs=1)
     bad = tmp_path / "not-a-db.sqlite"
     bad.write_text("this is not SQLite")
-    r = subprocess.run([sys.executable, "-m", "sandloop.server", "serve", "--port",
+    r = subprocess.run([sys.executable, "-m", "sandloop", "serve", "--port",
                         str(free_port()), "--api-keys-file", str(keys), "--usage-db", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "quota ledger" in r.stderr and str(bad) in r.stderr

@@ -6,6 +6,6 @@ engine) or through a ``sandloop serve`` endpoint (``url=...``). Infrastructure f
 """
 
 from sandloop.integrations.scorer import ScoreItem, Scorer
-from sandloop.integrations.tasks import LabelError, resolve_task
+from sandloop.tasks import LabelError, resolve_task
 
 __all__ = ["LabelError", "ScoreItem", "Scorer", "resolve_task"]

@@ -10,27 +10,13 @@ environment variables (``_common.default_scorer``); an infrastructure failure ra
 from __future__ import annotations
 
 import importlib
-import re
 from typing import Any
 
 from sandloop.integrations._common import default_scorer, pass_fraction, reward_of
 from sandloop.integrations.scorer import ScoreItem
+from sandloop.reward.assemble import response_after_prompt as response_of
 
 __all__ = ["response_of", "reward_func"]
-
-# <|im_end|>, </s>, and DeepSeek's full-width-bar tokens (U+FF5C).
-_SPECIAL = re.compile(r"<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<s>|<\uff5c[^\uff5c]{1,40}\uff5c>")
-
-
-def response_of(query: str, prompt: str | None) -> str:
-    """The response part of a query (after the prompt), special tokens removed."""
-    text = query
-    if prompt:
-        i = query.find(prompt)
-        if i >= 0:
-            text = query[i + len(prompt):]
-    return _SPECIAL.sub("", text)
-
 
 def _tensor(xs: list[float]) -> Any:
     try:

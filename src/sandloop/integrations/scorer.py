@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sandloop.engine import Engine
-from sandloop.integrations.tasks import resolve_task
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
-from sandloop.tasks import Task, load_tasks
+from sandloop.tasks import Task, load_tasks, resolve_task
 
 __all__ = ["ScoreItem", "Scorer"]
 

@@ -19,8 +19,11 @@ from pydantic import BaseModel, ConfigDict
 
 from sandloop.tasks import Task
 
-__all__ = ["Assembled", "assemble", "defines", "extract_code"]
+__all__ = ["Assembled", "assemble", "defines", "extract_code", "response_after_prompt"]
 
+# Chat-template tokens a trainer may leave in a decoded query: <|im_end|>, </s>, and
+# DeepSeek's full-width-bar tokens (U+FF5C).
+_SPECIAL = re.compile(r"<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<s>|<\uff5c[^\uff5c]{1,40}\uff5c>")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -33,6 +36,17 @@ class Assembled(BaseModel):
     how: str  # "appended", "standalone", "standalone+starter", "program"
     fenced: bool = False
     format_error: str | None = None
+
+
+def response_after_prompt(query: str, prompt: str | None) -> str:
+    """The response part of a decoded query (what follows the prompt; OpenRLHF passes prompt +
+    response as one string), with chat-template special tokens removed."""
+    text = query
+    if prompt:
+        i = query.find(prompt)
+        if i >= 0:
+            text = query[i + len(prompt):]
+    return _SPECIAL.sub("", text)
 
 
 def extract_code(completion: str) -> tuple[str, bool]:

@@ -30,10 +30,9 @@ from sandloop.engine import (
     SessionLimit,
     SessionLost,
 )
-from sandloop.integrations.openrlhf import response_of as openrlhf_completion
-from sandloop.integrations.tasks import LabelError, resolve_task
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.reward.assemble import extract_code
+from sandloop.reward.assemble import response_after_prompt as openrlhf_completion
 from sandloop.reward.scoring import Completion, score_all
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.requests import ExecRequest
@@ -44,7 +43,7 @@ from sandloop.server.direct import DirectRoute, DirectRoutes
 from sandloop.server.observability import Metrics, RequestMiddleware, log
 from sandloop.server.usage import UsageLedger, default_usage_path
 from sandloop.store import ResultStore
-from sandloop.tasks import Task, TaskFormatError, load_tasks
+from sandloop.tasks import LabelError, Task, TaskFormatError, load_tasks, resolve_task
 
 __all__ = ["create_app"]
 

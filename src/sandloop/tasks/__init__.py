@@ -1,5 +1,6 @@
 """Tasks: the task schema and loaders for task sets (data only; nothing here executes code)."""
 
+from sandloop.tasks.labels import LabelError, resolve_task
 from sandloop.tasks.loaders import (
     BUILTIN_SETS,
     FORMATS,
@@ -28,6 +29,7 @@ __all__ = [
     "Checker",
     "Comparison",
     "IOTest",
+    "LabelError",
     "ScriptTest",
     "Task",
     "TaskFormatError",
@@ -36,4 +38,5 @@ __all__ = [
     "detect_format",
     "load_tasks",
     "parse_record",
+    "resolve_task",
 ]

@@ -25,7 +25,10 @@ import json
 import math
 from typing import Any
 
-from sandloop.errors import InputError, TaskError
+try:
+    from sandloop.errors import InputError as _CodecBase
+except ImportError:  # the verbatim copy inside the sandbox: standard library only
+    _CodecBase = ValueError  # type: ignore[misc,assignment]
 
 __all__ = [
     "MAX_DEPTH",
@@ -43,7 +46,7 @@ MAX_DEPTH = 64
 _TAGS = ("$tuple", "$dict", "$set", "$frozenset", "$bytes", "$float", "$complex", "$opaque")
 
 
-class ValueCodecError(TaskError, InputError):
+class ValueCodecError(_CodecBase):
     """A value cannot be encoded, or an encoded value is malformed."""
 
 

@@ -13,13 +13,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sandloop.errors import InputError, IntegrationError
-from sandloop.tasks import Task, TaskFormatError, detect_format, parse_record
+from sandloop.errors import InputError, TaskError
+from sandloop.tasks.loaders import TaskFormatError, detect_format, parse_record
+from sandloop.tasks.models import Task
 
 __all__ = ["LabelError", "resolve_task"]
 
 
-class LabelError(IntegrationError, InputError):
+class LabelError(TaskError, InputError):
     """A label names no known task and is not a task or tests record."""
 
 
