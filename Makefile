@@ -37,6 +37,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(VPY) -m pytest -q
 	# The sandbox and adversarial suites again, with the children's isolation steps in Python
 	# (the fallback for hosts without a C compiler) instead of the C helper.
@@ -48,6 +49,7 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(VPY) benchmarks/bench_sandbox.py

@@ -1,0 +1,44 @@
+"""The public API, pinned: what the top-level package and each layer's ``__init__`` export.
+
+A change here is a change of the public contract (DESIGN.md): removing a name breaks users, and
+adding one commits us to it. Update this list on purpose, in the same commit, with the docs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PUBLIC = {
+    "sandloop": ["Engine", "ExecResult", "Limits", "Program", "SandboxPool", "Status",
+                 "SyncEngine", "run", "run_batch"],
+    "sandloop.engine": [
+        "Backend", "ClientPolicy", "DeadlineExceeded", "Engine", "EngineClosed", "EngineError",
+        "EngineOverloaded", "EngineStats", "JobHandle", "Journal", "JournalError", "LocalBackend",
+        "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "Session",
+        "SessionClosed", "SessionExpired", "SessionLimit", "SessionLost", "SyncEngine",
+        "SyncSession", "aggregate", "job_key"],
+    "sandloop.tasks": [
+        "BUILTIN_SETS", "CallTest", "Checker", "Comparison", "FORMATS", "IOTest", "LabelError",
+        "SCHEMA", "ScriptTest", "Task", "TaskFormatError", "TaskLimits", "Test", "detect_format",
+        "load_tasks", "parse_record", "resolve_task"],
+    "sandloop.reward": [
+        "CompletionResult", "RewardConfig", "Runner", "ScoreSummary", "TestOutcome", "Verdict",
+        "Verifier", "completion_hash", "output_equal", "overall_verdict", "pass_at_k",
+        "shape_reward", "summarize", "values_equal"],
+    "sandloop.store": ["ResultKey", "ResultStore", "StoreError"],
+    "sandloop.integrations": ["LabelError", "ScoreItem", "Scorer", "resolve_task"],
+    "sandloop.server": ["KeyStore", "ServerConfig", "add_key", "check_bind", "create_app",
+                        "hash_token"],
+    "sandloop.errors": ["EngineError", "InputError", "IntegrationError", "RewardError",
+                        "SandboxError", "SandloopError", "ServerError", "StoreError", "TaskError"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names_are_pinned(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == sorted(PUBLIC[module])
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.__all__ names {name!r}, which it does not define"
