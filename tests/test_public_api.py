@@ -42,3 +42,14 @@ def test_public_names_are_pinned(module: str) -> None:
     assert sorted(mod.__all__) == sorted(PUBLIC[module])
     for name in mod.__all__:
         assert hasattr(mod, name), f"{module}.__all__ names {name!r}, which it does not define"
+
+
+def test_importing_the_package_is_cheap() -> None:
+    # The command line's start-up depends on it: the heavy modules load on first use.
+    import subprocess
+    import sys
+
+    code = ("import sys, sandloop; heavy = [m for m in ('pydantic', 'sandloop.engine', "
+            "'sandloop.sandbox.pool', 'asyncio') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
