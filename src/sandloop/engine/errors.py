@@ -9,11 +9,13 @@ __all__ = [
     "EngineClosed",
     "EngineError",
     "EngineOverloaded",
+    "IdempotencyConflict",
     "QueueFull",
     "RateLimited",
     "ResourceTooLarge",
     "SessionClosed",
     "SessionExpired",
+    "SessionFull",
     "SessionLimit",
     "SessionLost",
 ]
@@ -36,6 +38,20 @@ class DeadlineExceeded(EngineError, TimeoutError):
     Unlike a ``timeout`` result, this is not the program's fault: the job waited too long in the
     queue, or the deadline was shorter than the run needed. Masked, never a reward of 0.
     """
+
+
+class IdempotencyConflict(EngineError):
+    """The client's idempotency key already names a job that runs a different program or
+    limits. A key names one run: a retry resends the very same request; a new run needs a new
+    key."""
+
+    def __init__(self, client: str, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} (client {client!r}) was already used for a different "
+            "program or limits; a key names one run: resend the same request to get its "
+            "result, or use a new key for a new run")
+        self.client = client
+        self.key = key
 
 
 class RateLimited(EngineError):
@@ -62,4 +78,10 @@ class SessionLost(EngineError):
 
 
 class SessionLimit(EngineError):
-    """The engine holds ``max_sessions`` open sessions; close some or raise the limit."""
+    """The engine holds ``max_sessions`` open sessions, or their storage would pass
+    ``session_memory_mb``; close some or raise the limit."""
+
+
+class SessionFull(EngineError):
+    """Files written to a session do not fit in its work dir (``workdir_mb`` capped at
+    ``memory_mb``, ``workdir_inodes``); the session itself is intact."""
