@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["Session"]
 
 _ids = itertools.count(1)
+# Ids never repeat across processes: after a restart, an old session's id names no session
+# (404), not a new session of the same client that a retrying client would then write into.
+_PROCESS = secrets.token_hex(4)
 
 
 class Session:
@@ -40,7 +44,7 @@ class Session:
 
     def __init__(self, engine: Engine, workspace: Any, *, language: str, limits: Limits,
                  ttl_s: float, idle_timeout_s: float, priority: int, client: str) -> None:
-        self.id = f"s{next(_ids)}"
+        self.id = f"s{next(_ids)}-{_PROCESS}"
         self.engine = engine
         self.workspace = workspace
         self.language = Program(language=language, source="").language
