@@ -119,6 +119,12 @@ async def test_session_files_are_bounded_by_its_memory_limit(engine: Engine) -> 
         assert r.status in (Status.RUNTIME_ERROR, Status.MEMORY_LIMIT), (r.status, r.error)
         r = await s.run("du -sm . | cut -f1")
         assert r.ok and int(r.stdout) <= 64
+        # Run by run, each within its own memory limit: the files still add up to 64 MiB at
+        # most (each run's charge leaves with its cgroup; the tmpfs size is what bounds them).
+        for i in range(4):
+            await s.run(f"head -c 30M /dev/zero > part{i}")
+        r = await s.run("du -sm . | cut -f1")
+        assert r.ok and int(r.stdout) <= 64
         with pytest.raises(SessionFull, match="do not fit"):
             await s.write_files({"more": b"x" * (70 << 20)})
         assert (await s.run("echo alive")).stdout == "alive\n"
