@@ -15,9 +15,9 @@ PUBLIC = {
                  "SyncEngine", "run", "run_batch"],
     "sandloop.engine": [
         "Backend", "ClientPolicy", "DeadlineExceeded", "Engine", "EngineClosed", "EngineError",
-        "EngineOverloaded", "EngineStats", "JobHandle", "Journal", "JournalError", "LocalBackend",
+        "EngineOverloaded", "EngineStats", "IdempotencyConflict", "JobHandle", "Journal", "JournalError", "LocalBackend",
         "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "Session",
-        "SessionClosed", "SessionExpired", "SessionLimit", "SessionLost", "SyncEngine",
+        "SessionClosed", "SessionExpired", "SessionFull", "SessionLimit", "SessionLost", "SyncEngine",
         "SyncSession", "aggregate", "job_key"],
     "sandloop.tasks": [
         "BUILTIN_SETS", "CallTest", "Checker", "Comparison", "FORMATS", "IOTest", "LabelError",

@@ -10,16 +10,19 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │   ├── IsolationUnavailable         the host cannot give the isolation asked for
     │   ├── LanguageUnavailable          a language's toolchain is missing
     │   ├── WorkspaceLost                a workspace's files are gone (its slot restarted)
+    │   ├── WorkspaceFull (OSError)      files do not fit in a workspace
     │   ├── SlotBroken                   a slot's fork-server failed under a run
     │   ├── CgroupError                  cgroups cannot be set up
     │   └── BatchRequestError (InputError)  a bad line in an exec-batch file
     ├── EngineError                      scheduling: EngineClosed, DeadlineExceeded, RateLimited,
+    │                                    IdempotencyConflict (InputError), SessionFull (InputError),
     │                                    QueueFull, ResourceTooLarge (InputError), Session*,
     │                                    JournalError
-    ├── TaskError                        task data: TaskFormatError, ValueCodecError (InputError)
+    ├── TaskError                        task data: TaskFormatError, ValueCodecError, LabelError
+    │                                    (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
-    ├── IntegrationError                 trainer adapters: InfraFailure, LabelError (InputError)
+    ├── IntegrationError                 trainer adapters: InfraFailure
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError)
 

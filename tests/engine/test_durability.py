@@ -15,7 +15,7 @@ import pytest
 from engine_helpers import assert_none_left, sandbox_processes
 
 from sandloop import ExecResult, Limits, Program, Status
-from sandloop.engine import Engine, Journal, LocalBackend
+from sandloop.engine import Engine, IdempotencyConflict, Journal, LocalBackend
 from sandloop.sandbox.pool import SandboxPool
 
 HERE = Path(__file__).parent
@@ -42,6 +42,53 @@ async def test_concurrent_submissions_of_one_key_run_once(tmp_path: Path) -> Non
     async with Engine(slots=2, journal=tmp_path / "j.db") as e:
         rs = await asyncio.gather(*(e.run(NONCE, FAST, key="same") for _ in range(5)))
         assert len({r.stdout for r in rs}) == 1 and e.stats.executed == 1
+
+
+def _says(text: str) -> Program:
+    return Program(source=f"import os\nprint({text!r}, os.urandom(4).hex())")
+
+
+async def test_keys_are_scoped_by_client_in_either_order(tmp_path: Path) -> None:
+    """One tenant's key never answers another's: alice and bob both use key "k"."""
+    db = tmp_path / "j.db"
+    async with Engine(slots=2, journal=db) as e:
+        a = await e.run(_says("alice"), FAST, key="k", client="alice")
+        b = await e.run(_says("bob"), FAST, key="k", client="bob")  # after alice's is done
+        assert a.stdout.startswith("alice") and b.stdout.startswith("bob")
+        # At the same time (one in flight while the other is submitted), bob first this time.
+        b2, a2 = await asyncio.gather(e.run(_says("bob"), FAST, key="k2", client="bob"),
+                                      e.run(_says("alice"), FAST, key="k2", client="alice"))
+        assert a2.stdout.startswith("alice") and b2.stdout.startswith("bob")
+        assert e.stats.executed == 4
+        # Without keys too: the default key (the program's hash) is per client.
+        n = await e.run(NONCE, FAST, client="alice")
+        assert (await e.run(NONCE, FAST, client="bob")) != n and e.stats.executed == 6
+    async with Engine(slots=1, journal=db) as e:  # and across a restart
+        assert (await e.run(_says("bob"), FAST, key="k", client="bob")) == b
+        assert (await e.run(_says("alice"), FAST, key="k", client="alice")) == a
+        assert e.stats.executed == 0
+
+
+async def test_a_key_reused_for_another_program_is_a_conflict(tmp_path: Path) -> None:
+    async with Engine(slots=1, journal=tmp_path / "j.db") as e:
+        first = await e.run(_says("one"), FAST, key="k")
+        with pytest.raises(IdempotencyConflict, match="different program"):
+            await e.run(_says("two"), FAST, key="k")  # done: in the journal
+        with pytest.raises(IdempotencyConflict):
+            await e.run(_says("one"), Limits(time_s=6, memory_mb=256), key="k")  # other limits
+        assert (await e.run(_says("one"), FAST, key="k")) == first  # a true retry is answered
+        slow = Program(source="import time\ntime.sleep(0.5)")
+        running = asyncio.ensure_future(e.run(slow, FAST, key="busy"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(IdempotencyConflict):  # while the first is still in flight
+            await e.run(_says("two"), FAST, key="busy")
+        assert (await running).ok
+    async with Engine(slots=1) as e:  # without a journal, in flight only
+        running = asyncio.ensure_future(e.run(slow, FAST, key="busy"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(IdempotencyConflict):
+            await e.run(_says("two"), FAST, key="busy")
+        assert (await running).ok
 
 
 class BrokenBackend(LocalBackend):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from sandloop.engine import (
     LocalBackend,
     SessionClosed,
     SessionExpired,
+    SessionFull,
     SessionLimit,
 )
 
@@ -88,3 +90,57 @@ async def test_session_limit() -> None:
         await b.close()
         await c.close()
         assert workspaces(e) == 0
+
+
+async def test_session_runs_are_never_answered_from_the_journal(tmp_path: Path) -> None:
+    """A session run's output depends on the session's files: with a journal, the same command
+    after the files changed, or in another session (another tenant), runs again."""
+    async with Engine(slots=2, journal=tmp_path / "j.db") as e:
+        async with e.session(client="alice") as a, e.session(client="bob") as b:
+            await a.write_files({"f": "first"})
+            assert (await a.run("cat f")).stdout == "first"
+            await a.write_files({"f": "second"})
+            assert (await a.run("cat f")).stdout == "second"
+            await a.run("echo third > f")
+            assert (await a.run("cat f")).stdout == "third\n"
+            await b.write_files({"f": "bob's"})
+            assert (await b.run("cat f")).stdout == "bob's"
+        assert e.journal is not None and e.journal.counts() == {}
+
+
+async def test_session_files_are_bounded_by_its_memory_limit(engine: Engine) -> None:
+    """Files stay in memory between runs, outside any run's cgroup: a session with
+    memory_mb=64 holds at most 64 MiB of them, whatever its workdir_mb."""
+    statvfs = "import os; v = os.statvfs('.'); print(v.f_blocks * v.f_frsize >> 20)"
+    async with engine.session(limits=Limits(memory_mb=64, workdir_mb=1024)) as s:
+        assert s.storage_mb == 64
+        assert (await s.run_code(statvfs)).stdout == "64\n"
+        r = await s.run("head -c 200M /dev/zero > big")
+        assert r.status in (Status.RUNTIME_ERROR, Status.MEMORY_LIMIT), (r.status, r.error)
+        r = await s.run("du -sm . | cut -f1")
+        assert r.ok and int(r.stdout) <= 64
+        # Run by run, each within its own memory limit: the files still add up to 64 MiB at
+        # most (each run's charge leaves with its cgroup; the tmpfs size is what bounds them).
+        for i in range(4):
+            await s.run(f"head -c 30M /dev/zero > part{i}")
+        r = await s.run("du -sm . | cut -f1")
+        assert r.ok and int(r.stdout) <= 64
+        with pytest.raises(SessionFull, match="do not fit"):
+            await s.write_files({"more": b"x" * (70 << 20)})
+        assert (await s.run("echo alive")).stdout == "alive\n"
+
+
+async def test_session_storage_budget() -> None:
+    async with Engine(slots=1, session_memory_mb=100) as e:
+        a = await e.open_session(limits=Limits(memory_mb=64, workdir_mb=64))
+        with pytest.raises(SessionLimit, match="session_memory_mb"):
+            await e.open_session(limits=Limits(memory_mb=512, workdir_mb=40))
+        b = await e.open_session(limits=Limits(memory_mb=32, workdir_mb=1024))  # 32 MiB
+        await a.close()
+        c = await e.open_session(limits=Limits(workdir_mb=60))
+        with pytest.raises(Exception, match="cobol"):  # a failed open gives its storage back
+            await e.open_session(language="cobol", limits=Limits(workdir_mb=8))
+        assert e._session_mb == 92 and workspaces(e) == 2
+        await b.close()
+        await c.close()
+        assert e._session_mb == 0 and workspaces(e) == 0

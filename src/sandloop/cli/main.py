@@ -280,6 +280,17 @@ def serve(
     usage_db: Annotated[Path | None, typer.Option(
         "--usage-db", help="Where quota use per key is kept across restarts; default: next to "
                            "the keys file (KEYS.usage.sqlite).")] = None,
+    max_sessions: Annotated[int, typer.Option(help="Open sessions, all keys together.")] = 1024,
+    max_sessions_per_key: Annotated[int, typer.Option(
+        help="Open sessions per API key (a key's own max_sessions overrides).")] = 16,
+    session_memory_mb: Annotated[int | None, typer.Option(
+        help="Memory all sessions' files may hold (each: workdir_mb capped at memory_mb); "
+             "default: half the host's memory.")] = None,
+    public_docs: Annotated[bool, typer.Option(
+        "--public-docs", help="Serve /openapi.json, /docs, /redoc without a key when keys are "
+                              "on.")] = False,
+    public_metrics: Annotated[bool, typer.Option(
+        "--public-metrics", help="Serve /metrics without a key when keys are on.")] = False,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
     from sandloop.server.auth import KeysFileError
@@ -289,7 +300,10 @@ def serve(
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
                       tuple(task_set or ["humaneval"]), max_body_mb, log_level,
-                      tuple(preload or ()), usage_db)
+                      tuple(preload or ()), usage_db, max_sessions=max_sessions,
+                      max_sessions_per_key=max_sessions_per_key,
+                      session_memory_mb=session_memory_mb, public_docs=public_docs,
+                      public_metrics=public_metrics)
     except (ValueError, KeysFileError, UsageLedgerError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
@@ -303,6 +317,8 @@ def add_key(
     burst: Annotated[float | None, typer.Option(help="Bucket size.")] = None,
     max_runs: Annotated[int | None, typer.Option(help="Quota: total runs.")] = None,
     max_concurrent: Annotated[int | None, typer.Option(help="Runs in flight at once.")] = None,
+    max_sessions: Annotated[int | None, typer.Option(
+        help="Sessions open at once (default: the server's --max-sessions-per-key).")] = None,
 ) -> None:
     """Create an API key for `sandloop serve`; prints the token once (only its hash is stored)."""
     from sandloop.server.auth import KeysFileError
@@ -310,7 +326,7 @@ def add_key(
 
     try:
         print(create(keys_file, key_id, rate=rate, burst=burst, max_runs=max_runs,
-                     max_concurrent=max_concurrent))
+                     max_concurrent=max_concurrent, max_sessions=max_sessions))
     except (ValueError, KeysFileError, OSError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e

@@ -36,17 +36,18 @@ from sandloop.engine.backends import Backend, LocalBackend
 from sandloop.engine.errors import (
     DeadlineExceeded,
     EngineClosed,
+    IdempotencyConflict,
     RateLimited,
     SessionLimit,
     SessionLost,
 )
-from sandloop.engine.journal import Journal, job_key
+from sandloop.engine.journal import Journal, content_digest, job_key
 from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
 from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
-from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
+from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
 __all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
@@ -128,8 +129,9 @@ class EngineStats:
 class _Job:
     """One unit of scheduling (kept small: 100,000 of them may wait at once)."""
 
-    __slots__ = ("attempts", "client", "cpus", "deadline", "future", "id", "key", "limits",
-                 "memory_mb", "priority", "program", "task", "timer", "waiters", "workspace")
+    __slots__ = ("attempts", "client", "cpus", "deadline", "digest", "future", "id", "key",
+                 "limits", "memory_mb", "priority", "program", "task", "timer", "waiters",
+                 "workspace")
 
     def __init__(self, jid: int, program: Program, limits: Limits, priority: int, client: str,
                  memory_mb: int, future: asyncio.Future[ExecResult]) -> None:
@@ -141,7 +143,8 @@ class _Job:
         self.memory_mb = memory_mb
         self.cpus = limits.cpus
         self.future = future
-        self.key: str | None = None
+        self.key: str | None = None  # the caller's idempotency key (scoped by ``client``)
+        self.digest = ""  # what runs (program + limits as asked), with a key: see _submit
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
@@ -224,6 +227,7 @@ class Engine:
         session_idle_s: float = 600.0,
         session_ttl_s: float = 6 * 3600.0,
         max_sessions: int = 10_000,
+        session_memory_mb: int | None = None,
         max_bypass: int = 16,
         reserve_slots: int | None = None,
         reserve_cpus: float = 1.0,
@@ -244,6 +248,12 @@ class Engine:
         self.session_idle_s = session_idle_s
         self.session_ttl_s = session_ttl_s
         self.max_sessions = max_sessions
+        # Sessions' files stay in memory between runs: their work dirs' sizes (each capped at
+        # the session's memory_mb) may add up to this much (default: half the host's memory).
+        self.session_memory_mb = (session_memory_mb if session_memory_mb is not None
+                                  else _host_memory_mb() // 2)
+        self._session_mb = 0  # held by open (and opening) sessions
+        self._opening = 0
         self._cpus = float(cpus if cpus is not None else cores)
         self._memory_mb = memory_mb if memory_mb is not None else _host_memory_mb() * 3 // 4
         self._queue: FairQueue[_Job] = FairQueue(max_queued, max_bypass=max_bypass)
@@ -254,7 +264,8 @@ class Engine:
         self._writer: _JournalWriter | None = None
         self._clients: dict[str, ClientPolicy] = {}
         self._buckets: dict[str, TokenBucket] = {}
-        self._inflight: dict[str, _Job] = {}
+        # Idempotency keys are scoped by client: (client, key) -> the job answering it.
+        self._inflight: dict[tuple[str, str], _Job] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._room: deque[asyncio.Future[None]] = deque()
         self._sessions: dict[str, Session] = {}
@@ -344,9 +355,16 @@ class Engine:
                                "or 'await engine.start()'")
 
     def _make_job(self, program: Program, limits: Limits | None, priority: int | str,
-                  client: str, key: str | None, timeout_s: float | None) -> _Job:
+                  client: str, key: str | None, timeout_s: float | None, *,
+                  journaled: bool = True, digest: str | None = None) -> _Job:
         assert self._loop is not None and self._admission is not None
         limits = limits or _DEFAULT_LIMITS
+        if key is not None or (journaled and self.journal is not None):
+            # Bound to the limits as asked (before the eval CPU weight below): a key names one
+            # program run within one set of bounds, whatever its priority.
+            digest = digest or content_digest(program, limits)
+            if key is None:
+                key = "h:" + digest
         prio = _priority(priority)
         if prio >= PRIORITIES["eval"] and limits.cpu_weight == 100:
             # Runs are not preemptible: an eval run that lands next to training runs gets the
@@ -355,9 +373,8 @@ class Engine:
         job = _Job(next(self._ids), program, limits, prio, client,
                    _declared_memory_mb(program, limits), self._loop.create_future())
         self._admission.check(job)
-        if key is None and self.journal is not None:
-            key = job_key(program, limits)
         job.key = key
+        job.digest = digest or ""
         if timeout_s is not None:
             if timeout_s <= 0:
                 raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -401,31 +418,44 @@ class Engine:
                 fut.set_result(None)
                 return
 
+    def _same(self, job: _Job, other_digest: str) -> None:
+        """Raise IdempotencyConflict unless the job holding ``job``'s key runs the same thing.
+
+        Threat: a key reused (by mistake, or by a client racing itself) for another program
+        would otherwise be answered with the first program's result: a wrong reward."""
+        if other_digest != job.digest:
+            raise IdempotencyConflict(job.client, job.key or "")
+
     async def _submit(self, job: _Job, block: bool) -> _Job:
-        """Rate-limit, dedupe by key, journal, enqueue; returns the job that will answer."""
-        key = job.key
-        if key is not None:
-            same = self._inflight.get(key)
+        """Rate-limit, dedupe by (client, key), journal, enqueue; returns the job that will
+        answer."""
+        scoped = (job.client, job.key) if job.key is not None else None
+        if scoped is not None:
+            same = self._inflight.get(scoped)
             if same is not None:
+                self._same(job, same.digest)
                 return same
             if self.journal is not None:
-                done = self.journal.done([key])
-                if key in done:
-                    self.stats.from_journal += 1
-                    job.future.set_result(done[key])
-                    return job
+                entry = self.journal.find(*scoped)
+                if entry is not None:
+                    self._same(job, entry.digest)
+                    if entry.result is not None:
+                        self.stats.from_journal += 1
+                        job.future.set_result(entry.result)
+                        return job
         await self._rate_limit(job.client, block)
         await self._wait_room(block)
-        if key is not None:
-            same = self._inflight.get(key)  # another submission won the race while we waited
+        if scoped is not None:
+            same = self._inflight.get(scoped)  # another submission won the race while we waited
             if same is not None:
+                self._same(job, same.digest)
                 return same
-            self._inflight[key] = job
+            self._inflight[scoped] = job
             if self._writer is not None:
                 try:
                     await self._writer.submitted(job)
                 except BaseException:
-                    self._inflight.pop(key, None)
+                    self._inflight.pop(scoped, None)
                     raise
                 if len(self._queue) >= self._queue.capacity:  # filled while we committed
                     await self._wait_room(True)
@@ -470,7 +500,9 @@ class Engine:
 
         ``block=False`` raises QueueFull / RateLimited instead of waiting for room or tokens.
         ``key`` makes the job idempotent: while one with the same key is queued or running, or
-        (with a journal) once one has finished, the same result answers.
+        (with a journal) once one has finished, the same result answers. Keys are scoped by
+        ``client`` (another client's identical key is another job), and bound to the program and
+        limits: reusing a key for a different program raises IdempotencyConflict.
         """
         self._check_open()
         job = self._make_job(program, limits, priority, client, key, timeout_s)
@@ -619,8 +651,11 @@ class Engine:
         pending = await asyncio.to_thread(self.journal.pending)
         handles: dict[asyncio.Future[ExecResult], str] = {}
         for p in pending:
-            h = await self.submit(p.program, p.limits, key=p.key, client=p.client,
-                                  priority=p.priority if priority is None else priority)
+            # The digest recorded at submission (the limits stored are those the job ran with).
+            job = self._make_job(p.program, p.limits,
+                                 p.priority if priority is None else priority, p.client, p.key,
+                                 None, digest=p.digest)
+            h = JobHandle(self, await self._submit(job, True))
             handles[h._job.future] = p.key
         remaining = set(handles)
         while remaining:
@@ -636,24 +671,48 @@ class Engine:
                            ) -> Session:
         """Open a multi-turn session: a work dir whose files persist between runs.
 
-        Idle, it costs only its files. It is reaped (files deleted) after ``idle_timeout_s``
-        without use or ``ttl_s`` after opening; close it yourself when done.
+        Idle, it costs only its files: at most ``limits.workdir_mb`` capped at
+        ``limits.memory_mb``. It is reaped (files deleted) after ``idle_timeout_s`` without use
+        or ``ttl_s`` after opening; close it yourself when done. Raises SessionLimit beyond
+        ``max_sessions`` sessions or ``session_memory_mb`` of their storage.
         """
         self._check_open()
-        if len(self._sessions) >= self.max_sessions:
+        if len(self._sessions) + self._opening >= self.max_sessions:
             raise SessionLimit(f"the engine holds {self.max_sessions} sessions; close some or "
                                "raise Engine(max_sessions=...)")
         limits = limits or _DEFAULT_LIMITS
+        size = workspace_mb(limits)
+        if self._session_mb + size > self.session_memory_mb:
+            raise SessionLimit(
+                f"open sessions may hold {self._session_mb} MiB of files, and this one "
+                f"{size} MiB (workdir_mb capped at memory_mb) would pass the engine's "
+                f"session_memory_mb={self.session_memory_mb}; close sessions, open smaller ones, "
+                "or raise Engine(session_memory_mb=...)")
+        # Reserved across the await: concurrent opens cannot overshoot either limit.
+        self._session_mb += size
+        self._opening += 1
         try:
             ws = await self.backend.open_workspace(limits)
         except WorkspaceLost as e:
+            self._session_mb -= size
             raise SessionLost(f"cannot open a session: {e}") from e
-        s = Session(self, ws, language=language, limits=limits,
-                    ttl_s=self.session_ttl_s if ttl_s is None else ttl_s,
-                    idle_timeout_s=self.session_idle_s if idle_timeout_s is None
-                    else idle_timeout_s,
-                    priority=_priority(priority), client=client)
-        self._sessions[s.id] = s
+        except BaseException:
+            self._session_mb -= size
+            raise
+        finally:
+            self._opening -= 1
+        try:
+            s = Session(self, ws, language=language, limits=limits,
+                        ttl_s=self.session_ttl_s if ttl_s is None else ttl_s,
+                        idle_timeout_s=self.session_idle_s if idle_timeout_s is None
+                        else idle_timeout_s,
+                        priority=_priority(priority), client=client)
+        except BaseException:  # e.g. an unknown language: no session, no files left behind
+            self._session_mb -= size
+            with contextlib.suppress(Exception):
+                await self.backend.close_workspace(ws)
+            raise
+        self._sessions[s.id] = s  # its storage, reserved above, is released by _session_gone
         self.stats.sessions = len(self._sessions)
         return s
 
@@ -672,13 +731,19 @@ class Engine:
             await s.close()
 
     def _session_gone(self, s: Session) -> None:
-        self._sessions.pop(s.id, None)
+        if self._sessions.pop(s.id, None) is not None:
+            self._session_mb -= s.storage_mb
         self.stats.sessions = len(self._sessions)
 
     async def _run_in_session(self, s: Session, program: Program, limits: Limits,
                               timeout_s: float | None) -> ExecResult:
         self._check_open()
-        job = self._make_job(program, limits, s.priority, s.client, None, timeout_s)
+        # Never deduplicated nor journaled: a session run's result depends on the session's
+        # files, not only on its program, so keying it by content would answer a command with
+        # its output from before the files changed (or from another session). Nor could a
+        # restart replay it: the session's files die with the process (docs/engine.md).
+        job = self._make_job(program, limits, s.priority, s.client, None, timeout_s,
+                             journaled=False)
         job.workspace = s.workspace
         return await self._await_job(await self._submit(job, True))
 
@@ -729,7 +794,7 @@ class Engine:
                 limits = limits.model_copy(update={"time_s": max(left, 0.05)})
                 clamped = True
         if self._writer is not None and job.key is not None:
-            self._writer.started(job.key)
+            self._writer.started(job.client, job.key)
         self.stats.executed += 1
         lost: BaseException | None = None
         cpu_back = False
@@ -802,7 +867,7 @@ class Engine:
         # received is never recomputed after a crash. Infrastructure failures stay pending.
         if (self._writer is not None and job.key is not None
                 and result.status is not Status.SANDBOX_ERROR):
-            await self._writer.finished(job.key, result)
+            await self._writer.finished(job.client, job.key, result)
         self._forget(job)
         if not job.future.done():
             self.stats.completed += 1
@@ -820,8 +885,8 @@ class Engine:
         if job.timer is not None:
             job.timer.cancel()
             job.timer = None
-        if job.key is not None and self._inflight.get(job.key) is job:
-            del self._inflight[job.key]
+        if job.key is not None and self._inflight.get((job.client, job.key)) is job:
+            del self._inflight[(job.client, job.key)]
 
     def _expire(self, job: _Job) -> None:
         job.timer = None
@@ -870,22 +935,23 @@ class _JournalWriter:
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
-        self._submitted: list[tuple[str, str, int, Program, Limits]] = []
-        self._started: list[str] = []
-        self._finished: list[tuple[str, ExecResult]] = []
+        self._submitted: list[tuple[str, str, int, Program, Limits, str]] = []
+        self._started: list[tuple[str, str]] = []
+        self._finished: list[tuple[str, str, ExecResult]] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._running: asyncio.Task[None] | None = None
 
     async def submitted(self, job: _Job) -> None:
         assert job.key is not None
-        self._submitted.append((job.key, job.client, job.priority, job.program, job.limits))
+        self._submitted.append((job.client, job.key, job.priority, job.program, job.limits,
+                                job.digest))
         await self._commit()
 
-    def started(self, key: str) -> None:
-        self._started.append(key)  # rides along with the next commit
+    def started(self, client: str, key: str) -> None:
+        self._started.append((client, key))  # rides along with the next commit
 
-    async def finished(self, key: str, result: ExecResult) -> None:
-        self._finished.append((key, result))
+    async def finished(self, client: str, key: str, result: ExecResult) -> None:
+        self._finished.append((client, key, result))
         await self._commit()
 
     async def flush(self) -> None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from sandloop.engine.scheduling import QueueFull, ResourceTooLarge
-from sandloop.errors import EngineError
+from sandloop.errors import EngineError, InputError
 
 __all__ = [
     "DeadlineExceeded",
     "EngineClosed",
     "EngineError",
     "EngineOverloaded",
+    "IdempotencyConflict",
     "QueueFull",
     "RateLimited",
     "ResourceTooLarge",
     "SessionClosed",
     "SessionExpired",
+    "SessionFull",
     "SessionLimit",
     "SessionLost",
 ]
@@ -34,6 +36,20 @@ class DeadlineExceeded(EngineError, TimeoutError):
     Unlike a ``timeout`` result, this is not the program's fault: the job waited too long in the
     queue, or the deadline was shorter than the run needed. Masked, never a reward of 0.
     """
+
+
+class IdempotencyConflict(EngineError, InputError):
+    """The client's idempotency key already names a job that runs a different program or
+    limits. A key names one run: a retry resends the very same request; a new run needs a new
+    key."""
+
+    def __init__(self, client: str, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} (client {client!r}) was already used for a different "
+            "program or limits; a key names one run: resend the same request to get its "
+            "result, or use a new key for a new run")
+        self.client = client
+        self.key = key
 
 
 class RateLimited(EngineError, RuntimeError):
@@ -60,4 +76,10 @@ class SessionLost(EngineError, RuntimeError):
 
 
 class SessionLimit(EngineError, RuntimeError):
-    """The engine holds ``max_sessions`` open sessions; close some or raise the limit."""
+    """The engine holds ``max_sessions`` open sessions, or their storage would pass
+    ``session_memory_mb``; close some or raise the limit."""
+
+
+class SessionFull(EngineError, InputError):
+    """Files written to a session do not fit in its work dir (``workdir_mb`` capped at
+    ``memory_mb``, ``workdir_inodes``); the session itself is intact."""

@@ -1,8 +1,11 @@
 """The engine's durable journal: submitted jobs and their outcomes (SQLite in WAL mode).
 
-A job is keyed by a caller-chosen idempotency key (or the hash of its program and limits). It is
-recorded as ``pending`` before it is queued, and as ``done`` with its result before the result is
-handed to the caller. After a crash, ``done`` jobs are answered from here (never recomputed) and
+A job is keyed by its client and a caller-chosen idempotency key (or the hash of its program and
+limits): keys are scoped per client, so one tenant's key never answers another's. Each row also
+holds the digest of what the job runs (program and limits), so a key reused for a different
+program is detected instead of answered with the other program's result. A job is recorded as
+``pending`` before it is queued, and as ``done`` with its result before the result is handed to
+the caller. After a crash, ``done`` jobs are answered from here (never recomputed) and
 ``pending`` ones are the jobs to run again. Infrastructure failures (``sandbox_error``) stay
 ``pending``: the run did not happen, so a later attempt must make it.
 """
@@ -21,16 +24,18 @@ from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.store.sqlite import open_wal
 
-__all__ = ["Journal", "JournalError", "PendingJob", "job_key"]
+__all__ = ["Journal", "JournalEntry", "JournalError", "PendingJob", "content_digest", "job_key"]
 
-SCHEMA_VERSION = 1
+# 2: keys scoped per client (primary key (client, key)) and bound to the job's content digest.
+SCHEMA_VERSION = 2
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS engine_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS engine_jobs (
-    key TEXT PRIMARY KEY,
-    state TEXT NOT NULL CHECK (state IN ('pending', 'done')),
     client TEXT NOT NULL,
+    key TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'done')),
     priority INTEGER NOT NULL,
     program TEXT NOT NULL,
     limits TEXT NOT NULL,
@@ -38,7 +43,8 @@ CREATE TABLE IF NOT EXISTS engine_jobs (
     channel BLOB,
     attempts INTEGER NOT NULL DEFAULT 0,
     submitted_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    PRIMARY KEY (client, key)
 );
 CREATE INDEX IF NOT EXISTS engine_jobs_pending ON engine_jobs (state) WHERE state = 'pending';
 """
@@ -48,14 +54,20 @@ class JournalError(EngineError, RuntimeError):
     """The journal file cannot be opened or has an incompatible schema."""
 
 
+def content_digest(program: Program, limits: Limits) -> str:
+    """A hash of what runs and within which bounds (what an idempotency key is bound to)."""
+    blob = program.model_dump_json() + "\x1f" + limits.model_dump_json()
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def job_key(program: Program, limits: Limits) -> str:
     """The default idempotency key: a hash of what runs and within which bounds.
 
-    Two submissions of the same program with the same limits are the same job: the second gets
-    the first's result. Pass explicit keys to run identical programs independently.
+    Two submissions of the same program with the same limits by the same client are the same
+    job: the second gets the first's result. Pass explicit keys to run identical programs
+    independently.
     """
-    blob = program.model_dump_json() + "\x1f" + limits.model_dump_json()
-    return "h:" + hashlib.sha256(blob.encode()).hexdigest()
+    return "h:" + content_digest(program, limits)
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,16 @@ class PendingJob:
     program: Program
     limits: Limits
     attempts: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What the journal holds for one (client, key): the job's content digest, and its result
+    once done (None while pending)."""
+
+    digest: str
+    result: ExecResult | None
 
 
 def _encode_result(result: ExecResult) -> tuple[str, bytes | None]:
@@ -92,8 +114,8 @@ class Journal:
         self._lock = threading.Lock()
 
     # -- reads ----------------------------------------------------------------------------------
-    def done(self, keys: Sequence[str]) -> dict[str, ExecResult]:
-        """Results of those of ``keys`` that are done."""
+    def done(self, keys: Sequence[str], client: str = "default") -> dict[str, ExecResult]:
+        """Results of those of ``client``'s ``keys`` that are done."""
         found: dict[str, ExecResult] = {}
         with self._lock:
             for i in range(0, len(keys), 500):
@@ -101,20 +123,33 @@ class Journal:
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(
                     f"SELECT key, result, channel FROM engine_jobs "
-                    f"WHERE state='done' AND key IN ({marks})", chunk).fetchall()
+                    f"WHERE state='done' AND client=? AND key IN ({marks})",
+                    [client, *chunk]).fetchall()
                 for key, text, channel in rows:
                     found[key] = _decode_result(text, channel)
         return found
+
+    def find(self, client: str, key: str) -> JournalEntry | None:
+        """The entry for ``client``'s ``key`` (pending or done), or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT digest, state, result, channel FROM engine_jobs WHERE client=? AND key=?",
+                (client, key)).fetchone()
+        if row is None:
+            return None
+        digest, state, text, channel = row
+        return JournalEntry(str(digest),
+                            _decode_result(text, channel) if state == "done" else None)
 
     def pending(self) -> list[PendingJob]:
         """Jobs submitted but not finished, oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT key, client, priority, program, limits, attempts FROM engine_jobs "
-                "WHERE state='pending' ORDER BY submitted_at, rowid").fetchall()
+                "SELECT key, client, priority, program, limits, attempts, digest FROM engine_jobs"
+                " WHERE state='pending' ORDER BY submitted_at, rowid").fetchall()
         return [PendingJob(k, c, int(p), Program.model_validate_json(prog),
-                           Limits.model_validate_json(lim), int(a))
-                for k, c, p, prog, lim, a in rows]
+                           Limits.model_validate_json(lim), int(a), str(d))
+                for k, c, p, prog, lim, a, d in rows]
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per state."""
@@ -123,36 +158,41 @@ class Journal:
                 "SELECT state, COUNT(*) FROM engine_jobs GROUP BY state").fetchall()
         return {str(s): int(n) for s, n in rows}
 
-    def attempts(self, key: str) -> int:
-        """How many times ``key`` was dispatched to a sandbox (across restarts)."""
+    def attempts(self, key: str, client: str = "default") -> int:
+        """How many times ``client``'s ``key`` was dispatched to a sandbox (across restarts)."""
         with self._lock:
-            row = self._db.execute("SELECT attempts FROM engine_jobs WHERE key=?",
-                                   (key,)).fetchone()
+            row = self._db.execute("SELECT attempts FROM engine_jobs WHERE client=? AND key=?",
+                                   (client, key)).fetchone()
         return int(row[0]) if row else 0
 
     # -- writes (one transaction per call: the engine batches them) -----------------------------
-    def write(self, submitted: Iterable[tuple[str, str, int, Program, Limits]],
-              started: Iterable[str], finished: Iterable[tuple[str, ExecResult]]) -> None:
-        """Record submissions (ignored if the key exists), dispatches and outcomes, atomically."""
+    def write(self, submitted: Iterable[tuple[str, str, int, Program, Limits, str]],
+              started: Iterable[tuple[str, str]],
+              finished: Iterable[tuple[str, str, ExecResult]]) -> None:
+        """Record submissions ``(client, key, priority, program, limits, digest)`` (ignored if
+        the client's key exists), dispatches ``(client, key)`` and outcomes
+        ``(client, key, result)``, atomically."""
         now = time.time()
-        sub = [(k, c, p, prog.model_dump_json(), lim.model_dump_json(), now)
-               for k, c, p, prog, lim in submitted]
-        fin = [(*_encode_result(r), now, k) for k, r in finished]
-        st = [(k,) for k in started]
+        sub = [(c, k, d, p, prog.model_dump_json(), lim.model_dump_json(), now)
+               for c, k, p, prog, lim, d in submitted]
+        fin = [(*_encode_result(r), now, c, k) for c, k, r in finished]
+        st = list(started)
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 if sub:
                     self._db.executemany(
-                        "INSERT OR IGNORE INTO engine_jobs (key, state, client, priority, program,"
-                        " limits, submitted_at) VALUES (?, 'pending', ?, ?, ?, ?, ?)", sub)
+                        "INSERT OR IGNORE INTO engine_jobs (client, key, digest, state, priority,"
+                        " program, limits, submitted_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?)",
+                        sub)
                 if st:
                     self._db.executemany(
-                        "UPDATE engine_jobs SET attempts = attempts + 1 WHERE key=?", st)
+                        "UPDATE engine_jobs SET attempts = attempts + 1 WHERE client=? AND key=?",
+                        st)
                 if fin:
                     self._db.executemany(
                         "UPDATE engine_jobs SET state='done', result=?, channel=?, finished_at=? "
-                        "WHERE key=? AND state='pending'", fin)
+                        "WHERE client=? AND key=? AND state='pending'", fin)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

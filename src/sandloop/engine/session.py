@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sandloop.engine.errors import SessionClosed, SessionExpired, SessionLost
+from sandloop.engine.errors import SessionClosed, SessionExpired, SessionFull, SessionLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, check_relative_path
-from sandloop.sandbox.pool import WorkspaceLost
+from sandloop.sandbox.pool import WorkspaceFull, WorkspaceLost, workspace_mb
 
 T = TypeVar("T")
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["Session"]
 
 _ids = itertools.count(1)
+# Ids never repeat across processes: after a restart, an old session's id names no session
+# (404), not a new session of the same client that a retrying client would then write into.
+_PROCESS = secrets.token_hex(4)
 
 
 class Session:
@@ -40,11 +44,14 @@ class Session:
 
     def __init__(self, engine: Engine, workspace: Any, *, language: str, limits: Limits,
                  ttl_s: float, idle_timeout_s: float, priority: int, client: str) -> None:
-        self.id = f"s{next(_ids)}"
+        self.id = f"s{next(_ids)}-{_PROCESS}"
         self.engine = engine
         self.workspace = workspace
         self.language = Program(language=language, source="").language
         self.limits = limits
+        # What its files may take (the work dir's size), counted against the engine's
+        # session_memory_mb while it is open.
+        self.storage_mb = workspace_mb(limits)
         self.ttl_s = ttl_s
         self.idle_timeout_s = idle_timeout_s
         self.priority = priority
@@ -121,10 +128,14 @@ class Session:
             self._leave()
 
     async def write_files(self, files: Mapping[str, str | bytes]) -> None:
-        """Create or replace files (paths relative to the work dir)."""
+        """Create or replace files (paths relative to the work dir); raises SessionFull when
+        they do not fit (the work dir holds at most ``storage_mb``)."""
         for name in files:
             check_relative_path(name)
-        await self._on_workspace(self.engine.backend.write_files(self.workspace, files))
+        try:
+            await self._on_workspace(self.engine.backend.write_files(self.workspace, files))
+        except WorkspaceFull as e:
+            raise SessionFull(f"session {self.id}: {e}") from None
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         """Regular files among ``paths`` (missing files, symlinks and specials are left out)."""

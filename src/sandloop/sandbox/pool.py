@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -129,6 +130,29 @@ class Workspace:
 
 class WorkspaceLost(SandboxError, RuntimeError):
     """The workspace's slot was restarted (its zygote died), taking the workspace's files."""
+
+
+class WorkspaceFull(SandboxError, OSError):
+    """Files to write do not fit in the workspace (its size or inode limit): the caller's
+    doing, not an infrastructure failure."""
+
+
+# How the sandbox reports a write that the work dir's size or inode limit (or the file-size
+# rlimit) refused: the libc message of the errno, as its setup error carries it.
+_FULL_MESSAGES = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT))
+
+
+def workspace_mb(limits: Limits) -> int:
+    """The size of a session's work dir: ``limits.workdir_mb``, never more than
+    ``limits.memory_mb``.
+
+    Threat: a workspace's files stay in memory (tmpfs) between runs, after the run that wrote
+    them is gone; the kernel then charges those pages to the slot's cgroup, which has no memory
+    limit. Uncapped, an idle session with ``memory_mb=64`` could pin ``workdir_mb`` (up to
+    16 GiB) of host memory outside every limit; capped, a session holds at most its own memory
+    limit in files.
+    """
+    return max(1, min(limits.workdir_mb, limits.memory_mb))
 
 
 class SandboxPool:
@@ -387,7 +411,8 @@ class SandboxPool:
         """A work dir that keeps its files between runs, in the slot with fewest workspaces.
 
         Idle, it costs only its files (a tmpfs in that slot's zygote); runs in it wait for that
-        slot. Size and inode limits are fixed at creation (``limits.workdir_mb/_inodes``).
+        slot. Size and inode limits are fixed at creation: ``limits.workdir_mb/_inodes``, the
+        size capped at ``limits.memory_mb`` (see ``workspace_mb``).
         """
         if not self._started:
             await self.start()
@@ -396,6 +421,7 @@ class SandboxPool:
         if self._unavailable is not None:
             raise IsolationUnavailable(self._unavailable)
         limits = limits or Limits()
+        limits = limits.model_copy(update={"workdir_mb": workspace_mb(limits)})
         slot = min(self._slots, key=lambda s: len(s.workspaces))
         ws = Workspace(slot.new_work_id(), slot.index, limits, generation=slot.generation)
         acquired = await self._acquire(slot)
@@ -426,7 +452,13 @@ class SandboxPool:
         packed = {name: _as_bytes(data) for name, data in files.items()}
         r = await self._in_workspace(ws, _TOUCH, ws.limits, files=packed, collect=())
         if r.status is not Status.OK:
-            raise OSError(f"cannot write files into the workspace: {r.error or r.stderr.strip()}")
+            why = r.error or r.stderr.strip()
+            if any(m in why for m in _FULL_MESSAGES):
+                raise WorkspaceFull(
+                    f"the files do not fit in the session's work dir ({ws.limits.workdir_mb} "
+                    f"MiB, {ws.limits.workdir_inodes} files; the size is workdir_mb capped at "
+                    f"memory_mb): {why}; delete files or open a session with larger limits")
+            raise OSError(f"cannot write files into the workspace: {why}")
 
     async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
                          ) -> dict[str, bytes]:

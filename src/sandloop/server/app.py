@@ -9,24 +9,35 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import quote
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
 
 from sandloop.engine import (
     DeadlineExceeded,
     Engine,
     EngineClosed,
+    IdempotencyConflict,
     QueueFull,
     RateLimited,
     ResourceTooLarge,
     Session,
     SessionClosed,
     SessionExpired,
+    SessionFull,
     SessionLimit,
     SessionLost,
 )
@@ -130,6 +141,7 @@ class _State:
         self.metrics = Metrics(lambda: self.engine)
         self.ready = False
         self.sessions: dict[str, tuple[Session, str]] = {}
+        self.opening: dict[str, int] = {}  # sessions being opened, per key
         self.task_sets: dict[str, dict[str, Task]] = {}
         self.task_lock = asyncio.Lock()
         self.store: ResultStore | None = None
@@ -152,7 +164,9 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = Engine(slots=config.slots, isolation=config.isolation,
-                        journal=config.journal, preload=config.preload)
+                        journal=config.journal, preload=config.preload,
+                        max_sessions=config.max_sessions,
+                        session_memory_mb=config.session_memory_mb)
         await engine.start()
         for pol in keys.policies():
             engine.configure_client(pol.id, weight=pol.record.weight)
@@ -179,8 +193,13 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
                 ledger.close()
             st.engine = None
 
+    # With API keys on, the API's description and the metrics need a key too unless the operator
+    # opens them (--public-docs / --public-metrics): they tell a stranger what runs here.
+    docs_keyed = keys.enabled and not config.public_docs
     app = FastAPI(
         title="sandloop", version="1", lifespan=lifespan,
+        openapi_url=None if docs_keyed else "/openapi.json",
+        docs_url=None if docs_keyed else "/docs", redoc_url=None if docs_keyed else "/redoc",
         description="Isolated execution and trustworthy rewards for RL post-training: the "
                     "native API, SandboxFusion's /run_code and OpenRLHF's remote reward.")
     app.state.sandloop = st
@@ -220,6 +239,7 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
         return error(503, str(e), 5.0)
 
     for exc_type, code in ((SessionClosed, 404), (SessionExpired, 410), (SessionLost, 410),
+                           (IdempotencyConflict, 409), (SessionFull, 413),
                            (ResourceTooLarge, 400), (LabelError, 400), (TaskFormatError, 400),
                            (sf.SFRequestError, 400), (ValueError, 400)):
         def make(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
@@ -236,6 +256,14 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
         where = ".".join(str(x) for x in first["loc"])
         return JSONResponse({"error": f"{where}: {first['msg']}", "details": errs},
                             status_code=422)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(request: Request, e: ClientDisconnect) -> Response:
+        # The client hung up mid-body: nothing of ours failed, so no traceback and no 5xx (499,
+        # "client closed request"); no one reads this answer.
+        log.info("client disconnected before sending the whole body",
+                 extra={"request_id": request.scope.get("state", {}).get("request_id")})
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, e: Exception) -> JSONResponse:
@@ -395,9 +423,35 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
                              "queued": s.queued, "running": s.running})
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    async def metrics() -> Response:
-        """Prometheus metrics."""
+    async def metrics(request: Request,
+                      api_key: Annotated[str | None, Query()] = None) -> Response:
+        """Prometheus metrics (with API keys on, a key is needed unless --public-metrics)."""
+        if not config.public_metrics:
+            authenticate(request, api_key)
         return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if docs_keyed:
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_keyed(request: Request,
+                                api_key: Annotated[str | None, Query()] = None) -> JSONResponse:
+            authenticate(request, api_key)
+            return JSONResponse(app.openapi())
+
+        def spec_url(api_key: str | None) -> str:
+            # The page fetches the description itself: a key given in the URL goes along.
+            return "/openapi.json" + (f"?api_key={quote(api_key)}" if api_key else "")
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs_keyed_page(request: Request,
+                                  api_key: Annotated[str | None, Query()] = None) -> HTMLResponse:
+            authenticate(request, api_key)
+            return get_swagger_ui_html(openapi_url=spec_url(api_key), title="sandloop - docs")
+
+        @app.get("/redoc", include_in_schema=False)
+        async def redoc_keyed_page(request: Request,
+                                   api_key: Annotated[str | None, Query()] = None) -> HTMLResponse:
+            authenticate(request, api_key)
+            return get_redoc_html(openapi_url=spec_url(api_key), title="sandloop - docs")
 
     # -- native API -------------------------------------------------------------------------
     @app.post("/v1/run", tags=["runs"])
@@ -504,17 +558,33 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
             st.sessions.pop(sid, None)
         return s
 
+    def sessions_held(key_id: str) -> int:
+        return sum(1 for s, k in st.sessions.values() if k == key_id and not s.closed) \
+            + st.opening.get(key_id, 0)
+
     @app.post("/v1/sessions", tags=["sessions"], status_code=201)
     async def open_session(request: Request, body: SessionOpenBody) -> dict[str, Any]:
-        """Open a multi-turn session: a work dir whose files persist between runs."""
+        """Open a multi-turn session: a work dir whose files persist between runs (at most
+        ``limits.workdir_mb`` capped at ``limits.memory_mb``)."""
         pol = authenticate(request)
         check_limits(body.limits)
-        s = await engine().open_session(language=body.language, limits=body.limits,
-                                        ttl_s=body.ttl_s, idle_timeout_s=body.idle_timeout_s,
-                                        client=pol.id)
-        st.sessions[s.id] = (s, pol.id)
         for sid in [k for k, (x, _) in st.sessions.items() if x.closed]:
             st.sessions.pop(sid, None)
+        # Threat: idle sessions pin memory; one key must not take the whole server's share.
+        cap = pol.record.max_sessions if pol.record.max_sessions is not None \
+            else config.max_sessions_per_key
+        held = sessions_held(pol.id)
+        if held >= cap:
+            raise Refused(429, f"key {pol.id!r} already holds {held} open sessions (at most "
+                               f"{cap}); close some (DELETE /v1/sessions/ID) or let them expire")
+        st.opening[pol.id] = st.opening.get(pol.id, 0) + 1  # counted while the open awaits
+        try:
+            s = await engine().open_session(language=body.language, limits=body.limits,
+                                            ttl_s=body.ttl_s, idle_timeout_s=body.idle_timeout_s,
+                                            client=pol.id)
+        finally:
+            st.opening[pol.id] -= 1
+        st.sessions[s.id] = (s, pol.id)
         return {"id": s.id, "language": s.language, "ttl_s": s.ttl_s,
                 "idle_timeout_s": s.idle_timeout_s}
 

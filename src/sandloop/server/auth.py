@@ -1,11 +1,12 @@
 """API keys: bearer tokens stored only as SHA-256 hashes, with per-key rate limits and quotas.
 
 The keys file is JSON: ``{"keys": [{"id": "trainer-a", "sha256": "<hex>", "rate": 50,
-"burst": 100, "max_runs": 1000000, "max_concurrent": 256, "weight": 1.0}]}``. Only ``id`` and
-``sha256`` are required. ``sandloop serve`` never sees a token in clear except in requests; tokens
-are random (``sl-`` + 32 random bytes), so a plain SHA-256 is enough (no password stretching).
-Create keys with ``sandloop add-key --keys-file F --id NAME``. Quota use (``max_runs``) is kept
-in a :class:`~sandloop.server.usage.UsageLedger` when one is attached, so it survives restarts;
+"burst": 100, "max_runs": 1000000, "max_concurrent": 256, "weight": 1.0, "max_sessions": 8}]}``.
+Only ``id`` and ``sha256`` are required; ``max_sessions`` overrides the server's sessions-per-key
+cap. ``sandloop serve`` never sees a token in clear except in requests; tokens are random
+(``sl-`` + 32 random bytes), so a plain SHA-256 is enough (no password stretching). Create keys
+with ``sandloop add-key --keys-file F --id NAME``. Quota use (``max_runs``) is kept in a
+:class:`~sandloop.server.usage.UsageLedger` when one is attached, so it survives restarts;
 rate-limit buckets and in-flight counts are live state and start afresh.
 """
 
@@ -58,6 +59,8 @@ class KeyRecord(BaseModel):
     max_runs: int | None = Field(None, ge=0, description="total runs allowed (quota)")
     max_concurrent: int | None = Field(None, ge=1, description="requests in flight at once")
     weight: float = Field(1.0, gt=0, description="fair share among keys at one priority")
+    max_sessions: int | None = Field(None, ge=0, description="sessions open at once; default: "
+                                     "the server's --max-sessions-per-key")
 
 
 class _KeysFile(BaseModel):

@@ -24,6 +24,12 @@ def serve_command(
     log_level: str = "info",
     preload_extra: tuple[str, ...] = (),
     usage_db: Path | None = None,
+    *,
+    max_sessions: int = 1024,
+    max_sessions_per_key: int = 16,
+    session_memory_mb: int | None = None,
+    public_docs: bool = False,
+    public_metrics: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
@@ -40,7 +46,10 @@ def serve_command(
                           slots=slots,
                           isolation="none" if no_isolation else "full", journal=journal, db=db,
                           task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20,
-                          preload=preload_with(preload_extra))
+                          preload=preload_with(preload_extra), max_sessions=max_sessions,
+                          max_sessions_per_key=max_sessions_per_key,
+                          session_memory_mb=session_memory_mb, public_docs=public_docs,
+                          public_metrics=public_metrics)
     configure_logging(log_level)
     app = create_app(config, keys=keys)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,

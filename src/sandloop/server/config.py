@@ -33,6 +33,13 @@ class ServerConfig:
     max_workdir_mb: int = 1024
     default_sf_memory_mb: int = 1024  # SandboxFusion's memory_limit_MB=-1 ("unlimited")
     graceful_shutdown_s: float = 30.0
+    # Sessions hold memory while idle (their files: workdir_mb capped at memory_mb each).
+    max_sessions: int = 1024  # open at once, all keys together
+    max_sessions_per_key: int = 16  # open at once per API key (a key's max_sessions overrides)
+    session_memory_mb: int | None = None  # all sessions' files; None: half the host's memory
+    # With API keys on, /openapi.json, /docs, /redoc and /metrics need a key unless opened here.
+    public_docs: bool = False
+    public_metrics: bool = False
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every request: clients are few, parsing is not free

@@ -66,6 +66,7 @@ class DirectRoutes:
         try:
             body = await request.body()
         except Exception as e:  # the body limit (413), a client gone: as FastAPI would answer
+            scope["route"] = d.route  # counted under its route, not as "unmatched"
             await self._answer(e, request, scope, receive, send)
             return
         ctype = request.headers.get("content-type", "")

@@ -137,14 +137,19 @@ class RequestMiddleware:
         scope.setdefault("state", {})["request_id"] = rid
         seen = 0
         max_body = self.max_body
+        body_done = False
+        gone_mid_body = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, body_done, gone_mid_body
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > max_body:
                     raise HTTPException(413, f"request body exceeds {max_body} bytes")
+                body_done = not msg.get("more_body", False)
+            elif msg["type"] == "http.disconnect" and not body_done:
+                gone_mid_body = True
             return msg
 
         code = 500
@@ -161,6 +166,10 @@ class RequestMiddleware:
         try:
             await self.app(scope, limited_receive, send_wrapped)
         finally:
+            if gone_mid_body:
+                # The client hung up before its request was whole: whatever the app made of the
+                # cut body (FastAPI: a 400), no one got an answer and nothing of ours failed.
+                code = 499
             elapsed = time.perf_counter() - t0
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
