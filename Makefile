@@ -5,8 +5,9 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_STAMP := $(VENV)/.deb-installed
 # gcc/g++/nodejs/bash: the sandboxed languages (gcc + libc6-dev also build the C helper that
-# each run uses to isolate itself); libseccomp2: the seccomp filter compiler.
-DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2
+# each run uses to isolate itself); libseccomp2: the seccomp filter compiler; chromium: the
+# monitor dashboard's end-to-end test (headless).
+DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2 chromium
 
 .PHONY: demo test test-slow lint bench deps clean
 

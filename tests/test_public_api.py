@@ -31,7 +31,11 @@ PUBLIC = {
     "sandloop.integrations": ["LabelError", "ScoreItem", "Scorer", "resolve_task"],
     "sandloop.server": ["KeyStore", "ServerConfig", "add_key", "check_bind", "create_app",
                         "hash_token"],
-    "sandloop.errors": ["EngineError", "InputError", "IntegrationError", "RewardError",
+    "sandloop.monitor": ["ALERT_CODES", "Alert", "AuditOutcome", "LogFormatError", "Monitor",
+                         "Rollout", "RunAnalysis", "StepAggregator", "StepStats", "Thresholds",
+                         "analyze", "compute_step_stats", "read_log", "write_log"],
+    "sandloop.errors": ["EngineError", "InputError", "IntegrationError", "MonitorError",
+                        "RewardError",
                         "SandboxError", "SandloopError", "ServerError", "StoreError", "TaskError"],
 }
 

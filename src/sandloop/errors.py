@@ -22,6 +22,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │                                    (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
+    ├── MonitorError                     the rollout log and its analyses: LogFormatError
+    │                                    (InputError), RolloutLogError, ParquetUnavailable
     ├── IntegrationError                 trainer adapters: InfraFailure
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError)
@@ -36,6 +38,7 @@ __all__ = [
     "EngineError",
     "InputError",
     "IntegrationError",
+    "MonitorError",
     "RewardError",
     "SandboxError",
     "SandloopError",
@@ -71,6 +74,10 @@ class RewardError(SandloopError):
 
 class StoreError(SandloopError):
     """The durable result store."""
+
+
+class MonitorError(SandloopError):
+    """Reward monitoring: the rollout log, its analyses, audits and reports."""
 
 
 class IntegrationError(SandloopError):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.monitor import monitor_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
@@ -28,6 +29,7 @@ app = typer.Typer(
     add_completion=False,
 )
 err = Console(stderr=True)
+app.add_typer(monitor_app, name="monitor")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}

@@ -41,6 +41,8 @@ from sandloop.engine import (
     SessionLimit,
     SessionLost,
 )
+from sandloop.monitor.dashboard import DASHBOARD_HTML
+from sandloop.monitor.live import LiveMonitor
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.reward.assemble import extract_code
 from sandloop.reward.assemble import response_after_prompt as openrlhf_completion
@@ -92,6 +94,10 @@ class ScoreBody(BaseModel):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     task_set: str | None = None
     priority: Priority = "train"
+    step: int | None = Field(None, ge=0, description="training step: recorded by the monitor "
+                                                     "(or header X-Sandloop-Step)")
+    group: str | None = Field(None, description="rollout group (header X-Sandloop-Group)")
+    run_id: str | None = Field(None, description="training run (header X-Sandloop-Run)")
 
 
 class SessionOpenBody(BaseModel):
@@ -146,6 +152,7 @@ class _State:
         self.task_lock = asyncio.Lock()
         self.store: ResultStore | None = None
         self.resume_task: asyncio.Task[None] | None = None
+        self.monitor = LiveMonitor(self.metrics.registry, log_path=config.rollout_log)
 
 
 def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = None) -> FastAPI:
@@ -191,6 +198,7 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
                 st.store.close()
             if ledger is not None:
                 ledger.close()
+            st.monitor.close()
             st.engine = None
 
     # With API keys on, the API's description and the metrics need a key too unless the operator
@@ -522,7 +530,35 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
         pol = authenticate(request)
         results = await until_disconnect(
             request, score(pol, body.items, body.reward, body.task_set, body.priority))
+        record_rollouts(request, body, results)
         return {"results": [r.model_dump(mode="json") for r in results]}
+
+    def record_rollouts(request: Request, body: ScoreBody,
+                        results: list[CompletionResult]) -> None:
+        """Scores that come with a training step go to the monitor (body field or header)."""
+        h = request.headers
+        step = body.step if body.step is not None else h.get("x-sandloop-step")
+        if step is None:
+            return
+        try:
+            step = int(step)
+        except ValueError:
+            raise ValueError(f"X-Sandloop-Step: not an integer: {step!r}") from None
+        st.monitor.record(results, [i.completion for i in body.items], step=step,
+                          group=body.group or h.get("x-sandloop-group"),
+                          run_id=body.run_id or h.get("x-sandloop-run"))
+
+    @app.get("/dashboard", tags=["monitor"], response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        """The live reward-monitoring dashboard (self-contained page)."""
+        return HTMLResponse(DASHBOARD_HTML)
+
+    @app.get("/dashboard/data", tags=["monitor"])
+    async def dashboard_data(request: Request, run: str | None = None,
+                             since: int = -1) -> dict[str, Any]:
+        """Per-step statistics after step ``since`` and the alerts of a run (default: latest)."""
+        authenticate(request)
+        return st.monitor.snapshot(run, since)
 
     @app.get("/v1/tasksets", tags=["tasks"])
     async def task_sets(request: Request) -> dict[str, Any]:

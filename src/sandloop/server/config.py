@@ -23,6 +23,7 @@ class ServerConfig:
     preload: tuple[str, ...] | None = None  # modules warm in every slot (None: the default set)
     journal: Path | None = None  # durable jobs: accepted work survives a restart
     db: Path | None = None  # score results store (reused across requests and restarts)
+    rollout_log: Path | None = None  # SQLite log of scored rollouts that came with a step
     task_sets: tuple[str, ...] = ("humaneval",)
     max_body_bytes: int = 16 << 20
     max_batch: int = 1024

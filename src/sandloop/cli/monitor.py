@@ -1,0 +1,225 @@
+"""``sandloop monitor``: analyse a run's rollout log, render its report, export the SQLite log.
+
+Registered by cli/main.py with ``app.add_typer(monitor_app, name="monitor")``. Heavy imports
+(numpy, the engine) happen inside the commands, so ``sandloop --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from sandloop.monitor.analysis import RunAnalysis
+    from sandloop.monitor.records import Rollout
+    from sandloop.reward.scoring import Completion
+    from sandloop.reward.verifier import CompletionResult
+
+monitor_app = typer.Typer(
+    help="Reward monitoring: per-step statistics, reward-hack/drift/diversity/infra alerts, "
+         "audits, HTML report.",
+    no_args_is_help=True,
+)
+err = Console(stderr=True)
+
+LogArg = Annotated[Path, typer.Argument(
+    help="Rollout log: JSON lines (optionally .gz) or a SQLite rollout log (sandloop serve "
+         "--rollout-log).")]
+TasksOpt = Annotated[str | None, typer.Option(
+    "--tasks", help="Task set (built-in name or JSONL): audit high-reward completions against "
+                    "its hidden tests under the hardened harness.")]
+RunOpt = Annotated[str | None, typer.Option("--run", help="Run id, for a SQLite log with several.")]
+AuditShareOpt = Annotated[float, typer.Option(
+    "--audit-share", help="Audit at most this share of the run's scoring work.")]
+DbOpt = Annotated[Path | None, typer.Option(
+    "--db", help="Result store that caches audits; default $SANDLOOP_DB or "
+                 "~/.cache/sandloop/results.db.")]
+NoDbOpt = Annotated[bool, typer.Option("--no-db", help="Do not cache audits.")]
+SlotsOpt = Annotated[int | None, typer.Option("--slots", help="Sandbox slots for the audit.")]
+NoIsoOpt = Annotated[bool, typer.Option(
+    "--no-isolation", help="Explicit opt-out: audit WITHOUT isolation (trusted code only).")]
+LagOpt = Annotated[int, typer.Option(
+    "--lag", help="A step is complete when a rollout this many steps later arrives.")]
+
+
+def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
+    from sandloop.monitor.records import read_log
+    from sandloop.monitor.rolloutlog import RolloutLog, is_sqlite
+
+    if is_sqlite(log):
+        with RolloutLog(log) as db:
+            yield from db.rollouts(run)
+    else:
+        yield from read_log(log)
+
+
+def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
+            no_isolation: bool) -> tuple[set[str], object]:
+    """(task ids, async scoring function) through the ``sandloop score`` path."""
+    from sandloop.cli.score import default_db_path
+    from sandloop.engine import Engine
+    from sandloop.reward.scoring import score_all
+    from sandloop.reward.verdicts import RewardConfig
+    from sandloop.reward.verifier import Verifier
+    from sandloop.store import ResultStore
+    from sandloop.tasks import load_tasks
+
+    by_id = {t.id: t for t in load_tasks(tasks)}
+
+    async def score(items: Sequence[Completion]) -> list[CompletionResult]:
+        store = None
+        if not no_db:
+            path = db or default_db_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store = ResultStore(path)
+        try:
+            async with Engine(slots=slots, isolation="none" if no_isolation else "full",
+                              max_attempts=1) as engine:
+                verifier = Verifier(engine.runner(priority="background", client="audit"),
+                                    reward=RewardConfig.model_validate({"on": "hidden"}))
+                return await score_all(by_id, items, verifier, store=store,
+                                       concurrency=4 * engine.backend.slots)
+        finally:
+            if store is not None:
+                store.close()
+
+    return set(by_id), score
+
+
+def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, db: Path | None,
+             no_db: bool, slots: int | None, no_isolation: bool, lag: int) -> RunAnalysis:
+    from sandloop import _aio as aio
+    from sandloop.monitor.analysis import Monitor, RunAnalysis
+    from sandloop.monitor.audit import AuditSampler, run_audit
+    from sandloop.monitor.detectors import detect_audit_failures
+
+    mon = Monitor(lag=lag)
+    sampler = None
+    score = None
+    if tasks is not None:
+        known, score = _scorer(tasks, db, no_db, slots, no_isolation)
+        sampler = AuditSampler(share=audit_share, known=frozenset(known))
+    for r in _rollouts(log, run):
+        mon.add(r)
+        if sampler is not None:
+            sampler.add(r)
+    mon.flush()
+    result = RunAnalysis(mon.steps, list(mon.alerts), mon.late)
+    if sampler is not None and score is not None:
+        sample = sampler.sample()
+        outcomes = aio.run(run_audit(sample, score))  # type: ignore[arg-type]
+        result.audit = [o.to_dict() for o in outcomes]
+        result.alerts = sorted(result.alerts + detect_audit_failures(outcomes, mon.thresholds),
+                               key=lambda a: a.step)
+        if sampler.unknown_tasks:
+            err.print(f"[yellow]{sampler.unknown_tasks} high-reward rollouts name tasks that are "
+                      f"not in {tasks}: not audited[/]")
+    return result
+
+
+def _load_errors() -> tuple[type[Exception], ...]:
+    from sandloop.monitor.records import LogFormatError
+    from sandloop.monitor.rolloutlog import RolloutLogError
+    from sandloop.store import StoreError
+    from sandloop.tasks import TaskFormatError
+
+    return (LogFormatError, RolloutLogError, TaskFormatError, StoreError, OSError, ValueError)
+
+
+@monitor_app.command("analyze")
+def analyze(
+    log: LogArg,
+    tasks: TasksOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per alert, then "
+                                                         "{\"summary\": ...}.")] = False,
+    run: RunOpt = None,
+    audit_share: AuditShareOpt = 0.1,
+    db: DbOpt = None,
+    no_db: NoDbOpt = False,
+    slots: SlotsOpt = None,
+    no_isolation: NoIsoOpt = False,
+    lag: LagOpt = 0,
+    fail_on_alert: Annotated[bool, typer.Option("--fail-on-alert",
+                                                help="Exit 1 when any alert is raised.")] = False,
+) -> None:
+    """Per-step statistics and alerts of a run: {"code", "step", "detail", "evidence"}."""
+    try:
+        result = _analyse(log, run, tasks, audit_share, db, no_db, slots, no_isolation, lag)
+    except _load_errors() as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from e
+    if as_json:
+        out = sys.stdout
+        for a in result.alerts:
+            out.write(json.dumps(a.to_dict(), default=str) + "\n")
+        out.write(json.dumps({"summary": result.summary()}, default=str) + "\n")
+    else:
+        from rich.table import Table
+
+        console = Console()
+        t = Table(title=f"sandloop monitor: {len(result.alerts)} alerts")
+        for col in ("step", "code", "detail"):
+            t.add_column(col, overflow="fold")
+        for a in result.alerts:
+            t.add_row(str(a.step), a.code, a.detail)
+        console.print(t)
+        console.print(json.dumps(result.summary(), default=str))
+    raise typer.Exit(1 if fail_on_alert and result.alerts else 0)
+
+
+@monitor_app.command("report")
+def report(
+    log: LogArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")],
+    tasks: TasksOpt = None,
+    run: RunOpt = None,
+    audit_share: AuditShareOpt = 0.1,
+    db: DbOpt = None,
+    no_db: NoDbOpt = False,
+    slots: SlotsOpt = None,
+    no_isolation: NoIsoOpt = False,
+    lag: LagOpt = 0,
+) -> None:
+    """A self-contained HTML report (opens offline): reward band, histograms, verdicts, alerts."""
+    from sandloop.monitor.report import render_report
+
+    try:
+        result = _analyse(log, run, tasks, audit_share, db, no_db, slots, no_isolation, lag)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(render_report(result.steps, result.alerts, result.summary(),
+                                        title=f"sandloop monitor: {log.name}"),
+                          encoding="utf-8")
+    except _load_errors() as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from e
+    err.print(f"report: {output} ({len(result.steps)} steps, {len(result.alerts)} alerts)")
+
+
+@monitor_app.command("export")
+def export(
+    db_path: Annotated[Path, typer.Argument(help="SQLite rollout log.")],
+    output: Annotated[Path, typer.Option("-o", "--output",
+                                         help="FILE.jsonl, FILE.jsonl.gz or FILE.parquet.")],
+    run: RunOpt = None,
+) -> None:
+    """Export a SQLite rollout log to the JSON-lines log format or Parquet."""
+    from sandloop.monitor.rolloutlog import ParquetUnavailable, RolloutLog, is_sqlite
+
+    if not is_sqlite(db_path):
+        err.print(f"[red]error:[/] {db_path} is not a SQLite rollout log")
+        raise typer.Exit(2)
+    errors: tuple[type[Exception], ...] = (ParquetUnavailable, *_load_errors())
+    try:
+        with RolloutLog(db_path) as db:
+            n = (db.export_parquet(output, run) if output.suffix == ".parquet"
+                 else db.export_jsonl(output, run))
+    except errors as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from e
+    err.print(f"{n} rollouts -> {output}")

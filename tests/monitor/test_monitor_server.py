@@ -1,0 +1,165 @@
+"""The service records scored rollouts that come with a step: /dashboard, /dashboard/data,
+/metrics and the SQLite rollout log, against a real server on 127.0.0.1 scoring in the sandbox;
+then the dashboard in a real headless Chromium (skipped only when chromium is absent)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "reward_hacks"))
+from catalogue import HACKS, HONEST
+from live import LiveServer, free_port
+
+from sandloop.monitor.rolloutlog import RolloutLog
+from sandloop.server import ServerConfig
+
+HACK = next(c for n, _, c in HACKS if n == "os_exit_in_call")
+
+
+def feed(url: str, steps: range, *, run: str = "r1", hack_from: int = 6) -> None:
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for step in steps:
+            items = [{"task": "HumanEval/0",
+                      "completion": (HACK if step >= hack_from and k < 3
+                                     else HONEST["HumanEval/0"]) + f"# {step}.{k}\n"}
+                     for k in range(6)]
+            body: dict[str, object] = {"items": items}
+            headers = {"X-Sandloop-Step": str(step), "X-Sandloop-Run": run}
+            if step % 2:  # both ways of saying it: body fields and headers
+                body.update(step=step, run_id=run, group=f"g{step}")
+                headers = {}
+            r = c.post("/v1/score", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    cfg = ServerConfig(slots=2, rollout_log=tmp_path / "rollouts.db")
+    with LiveServer(cfg) as srv:
+        yield srv
+
+
+def test_scores_with_a_step_are_monitored(server: LiveServer, tmp_path: Path) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        # without a step nothing is recorded
+        r = c.post("/v1/score", json={"items": [{"task": "HumanEval/0",
+                                                 "completion": HONEST["HumanEval/0"]}]})
+        assert r.status_code == 200
+        assert c.get("/dashboard/data").json()["runs"] == []
+        bad = c.post("/v1/score", headers={"X-Sandloop-Step": "x"},
+                     json={"items": [{"task": "HumanEval/0", "completion": "pass"}]})
+        assert bad.status_code == 400 and "X-Sandloop-Step" in bad.text
+    feed(server.url, range(12))
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        data = c.get("/dashboard/data", params={"run": "r1"}).json()
+        assert data["run"] == "r1" and [s["step"] for s in data["steps"]] == list(range(10))  # lag 1
+        assert data["steps"][0]["rollouts"] == 6 and data["steps"][0]["reward_mean"] == 1.0
+        codes = [(a["code"], a["step"]) for a in data["alerts"]]
+        assert any(c == "reward_hack_suspected" and 6 <= s <= 9 for c, s in codes), codes
+        later = c.get("/dashboard/data", params={"run": "r1", "since": 7}).json()
+        assert [s["step"] for s in later["steps"]] == [8, 9]
+        metrics = c.get("/metrics").text
+        assert 'sandloop_monitor_step{run="r1"} 9.0' in metrics
+        assert 'sandloop_monitor_alerts_total{code="reward_hack_suspected",run="r1"} 1.0' in metrics
+        assert 'sandloop_monitor_reward_bucket{le="1.0",run="r1"}' in metrics
+        page = c.get("/dashboard")
+        assert page.status_code == 200 and "<script>" in page.text
+        # nothing fetched from elsewhere (the SVG namespace is a name, not a fetch)
+        assert not re.search(r'(?:src|href)\s*=|https?://(?!www\.w3\.org/2000/svg)', page.text)
+    with RolloutLog(tmp_path / "rollouts.db") as log:
+        rs = list(log.rollouts("r1"))
+    assert len(rs) == 12 * 6 and {r.step for r in rs} == set(range(12))
+    assert rs[7].group == "g1" and rs[0].group is None and rs[0].verdict == "passed"
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed "
+                                               "(make test installs it)")
+def test_dashboard_in_headless_chromium_shows_charts_and_an_alert(server: LiveServer) -> None:
+    """Load the page, then feed the run: the page's own polling draws the series and the
+    alert, observed through the DevTools protocol."""
+    import aiohttp
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [str(CHROMIUM), "--headless=new", "--no-sandbox", "--disable-gpu",
+             f"--remote-debugging-port={port}", f"--user-data-dir={profile}",
+             "--no-first-run", f"{server.url}/dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async def page_eval() -> dict[str, object]:
+                async with aiohttp.ClientSession() as http:
+                    deadline = time.monotonic() + 60
+                    target = None
+                    while target is None:
+                        try:
+                            async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                                pages = [t for t in await r.json() if t["type"] == "page"]
+                                target = next(t for t in pages if "/dashboard" in t["url"])
+                        except (aiohttp.ClientError, StopIteration):
+                            if time.monotonic() > deadline:
+                                raise
+                            await asyncio.sleep(0.2)
+                    async with http.ws_connect(target["webSocketDebuggerUrl"],
+                                               max_msg_size=0) as ws:
+                        n = 0
+
+                        async def evaluate(expr: str) -> object:
+                            nonlocal n
+                            n += 1
+                            await ws.send_str(json.dumps({
+                                "id": n, "method": "Runtime.evaluate",
+                                "params": {"expression": expr, "returnByValue": True}}))
+                            while True:
+                                raw = await ws.receive()
+                                if raw.type != aiohttp.WSMsgType.TEXT:
+                                    raise AssertionError(f"DevTools closed: {raw}")
+                                msg = json.loads(raw.data)
+                                if msg.get("id") == n:
+                                    return msg["result"]["result"].get("value")
+
+                        probe = ("(() => { try { return JSON.stringify({status: document.getElementById('status')"
+                                 ".textContent, steps: +document.getElementById('steps-count')"
+                                 ".textContent, series: document.querySelectorAll("
+                                 "'#reward-chart path.series').length, alerts: [...document"
+                                 ".querySelectorAll('#alerts li.alert')].map(e => e.dataset"
+                                 ".code), marks: document.querySelectorAll('#reward-chart "
+                                 "line.alert-mark').length}) } catch (e) { return 'null' } })()")
+                        while True:
+                            state = json.loads(str(await evaluate(probe) or "null"))
+                            if state is not None and state["status"] == "live":
+                                break
+                            if time.monotonic() > deadline:
+                                raise AssertionError(state)
+                            await asyncio.sleep(0.2)
+                        assert state["steps"] == 0 and state["alerts"] == []
+                        await asyncio.to_thread(feed, server.url, range(12))
+                        deadline = time.monotonic() + 30
+                        while True:
+                            state = json.loads(str(await evaluate(probe) or "null"))
+                            if (state is not None and state["alerts"]) or time.monotonic() > deadline:
+                                return dict(state)
+                            await asyncio.sleep(0.3)
+
+            state = asyncio.run(page_eval())
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert "reward_hack_suspected" in state["alerts"], state  # type: ignore[operator]
+    assert state["series"] == 2 and state["marks"] >= 1 and state["steps"] >= 9, state
