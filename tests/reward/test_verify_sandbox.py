@@ -334,3 +334,33 @@ def test_typed_values_survive_the_sandbox_in_every_mode(sandbox: PoolThread) -> 
         passed = {o.name for o in alike_r.tests if o.verdict is Verdict.PASSED}
         assert passed == _LOOKALIKE_PASSES[mode], mode
         assert all(o.verdict in (Verdict.PASSED, Verdict.WRONG_ANSWER) for o in alike_r.tests)
+
+
+def test_compile_step_follows_the_task_limits(sandbox: PoolThread) -> None:
+    """The verifier compiles C/C++ within limits derived from the task's (64 MiB, 1 s here:
+    512 MiB, 10 s), not a fixed 1 GiB / 30 s: a compile bomb is a compile error, never more."""
+    seen: list[tuple[Program, Limits, ExecResult]] = []
+
+    async def recording_run(program: Program, limits: Limits) -> ExecResult:
+        r = await sandbox.pool.run(program, limits)
+        seen.append((program, limits, r))
+        return r
+
+    v = Verifier(recording_run)
+    task = _stdio_task(language="cpp", limits=TaskLimits(time_s=1.0, memory_mb=64))
+    bomb = "".join([
+        "#define A 1,1,1,1,1,1,1,1,1,1,\n",
+        *(f"#define {b} {(a + ' ') * 10}\n" for a, b in zip("ABCDEFG", "BCDEFGH", strict=True)),
+        "int x[] = { H };\nint main(){ return x[0]; }\n",
+    ])
+    r = sandbox.run(v.verify(task, bomb))
+    assert r.verdict is Verdict.COMPILE_ERROR and r.reward == 0.0, r.tests
+    assert "sandloop: the compile step hit its" in (r.tests[0].detail or ""), r.tests[0].detail
+    ((_, limits, compiled),) = seen
+    assert (limits.time_s, limits.memory_mb) == (10.0, 512)
+    assert compiled.peak_memory_mb <= 513
+    seen.clear()
+    good = ("#include <bits/stdc++.h>\nusing namespace std;\n"
+            "int main(){ long long a, b; cin >> a >> b; cout << a + b << endl; }\n")
+    r = sandbox.run(v.verify(task, good))
+    assert r.reward == 1.0, r.tests

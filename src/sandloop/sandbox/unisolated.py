@@ -85,7 +85,11 @@ async def run_unisolated(program: object, limits: Limits, spec: LanguageSpec, py
         compile_result = None
         if spec.compile is not None:
             compile_result, _ = await _run_step(_argv(spec.compile, d, python), d, b"", limits,
-                                                limits.compile_time_s, env)
+                                                limits.compile_time_limit_s, env)
+            note = limits.compile_limit_note(compile_result.status)
+            if note is not None:
+                compile_result = compile_result.model_copy(
+                    update={"stderr": f"{compile_result.stderr}\n{note}\n".lstrip("\n")})
             if compile_result.status is not Status.OK:
                 return ExecResult(status=Status.COMPILE_ERROR, compile=compile_result,
                                   isolation="none")
