@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandloop import ExecResult, Limits, Program, SandboxPool, Status
+from sandloop.sandbox.models import with_compile_limit_note
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -199,6 +200,16 @@ async def test_compile_limits_derive_from_the_run_limits() -> None:
     # The JSON form keeps "not given" (null), so a round trip still derives.
     back = Limits.model_validate_json(small.model_dump_json())
     assert back.compile_memory_mb is None and back.compile_memory_limit_mb == 512
+    # What a compile step that hit a limit says, last in its stderr.
+    hit = with_compile_limit_note(ExecResult(status=Status.TIMEOUT, stderr="cc1: ...\n"), small)
+    assert hit.stderr == ("cc1: ...\nsandloop: the compile step hit its time limit of 20 s (derived "
+                          "from time_s=2: 2 x time_s within [20, 30] s); set compile_time_s to "
+                          "change it\n")
+    oom = with_compile_limit_note(ExecResult(status=Status.MEMORY_LIMIT), low)
+    assert oom.stderr.startswith("sandloop: the compile step hit its memory limit of 128 MiB "
+                                 "(set by compile_memory_mb)")
+    fine = ExecResult(status=Status.RUNTIME_ERROR, stderr="error: nope\n")
+    assert with_compile_limit_note(fine, small) == fine
 
 
 # The preprocessor expands this to an initializer of 10**8 elements: cc1plus allocates hundreds

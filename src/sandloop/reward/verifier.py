@@ -36,7 +36,7 @@ from sandloop.reward.verdicts import (
     shape_reward,
 )
 from sandloop.sandbox.languages import spec_for
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status, with_compile_limit_note
 from sandloop.tasks import CallTest, Checker, Comparison, IOTest, ScriptTest, Task
 from sandloop.tasks.values import ValueCodecError, decode
 
@@ -414,12 +414,9 @@ class Verifier:
             return binary
         if r.status is Status.SANDBOX_ERROR:
             return r
-        stderr = r.stderr or "the compiler produced no program"
-        note = run.compile_limit_note(r.status)
-        if note is not None:
-            # Last, so that the tail kept in a test's detail says why.
-            stderr = f"{stderr.rstrip()}\n{note}\n"
-        return r.model_copy(update={"status": Status.COMPILE_ERROR, "stderr": stderr})
+        r = with_compile_limit_note(r, run)
+        return r.model_copy(update={"status": Status.COMPILE_ERROR,
+                                    "stderr": r.stderr or "the compiler produced no program"})
 
     @staticmethod
     def _all_failed(task: Task, tests: Sequence[IOTest], r: ExecResult) -> list[_Judged]:

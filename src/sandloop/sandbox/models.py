@@ -241,3 +241,13 @@ class ExecResult(BaseModel):
     def to_json(self) -> str:
         """One-line JSON form (the ``--json`` / exec-batch output)."""
         return self.model_dump_json(exclude_none=False)
+
+
+def with_compile_limit_note(result: ExecResult, limits: Limits) -> ExecResult:
+    """A compile step's ``result``, its stderr ending with which limit it hit, if it hit one
+    (last, so that the tail a verdict keeps says why)."""
+    note = limits.compile_limit_note(result.status)
+    if note is None:
+        return result
+    text = result.stderr.rstrip()
+    return result.model_copy(update={"stderr": f"{text}\n{note}\n" if text else f"{note}\n"})

@@ -18,7 +18,13 @@ from sandloop import _aio as aio
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import (
+    ExecResult,
+    Limits,
+    Program,
+    Status,
+    with_compile_limit_note,
+)
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
@@ -496,10 +502,7 @@ class SandboxPool:
             )
             compile_result = classify(c, cpu_limit_s=limits.compile_time_limit_s,
                                       isolation="full")
-            note = limits.compile_limit_note(compile_result.status)
-            if note is not None:
-                compile_result = compile_result.model_copy(
-                    update={"stderr": f"{compile_result.stderr}\n{note}\n".lstrip("\n")})
+            compile_result = with_compile_limit_note(compile_result, limits)
             binary = c.files.get(spec.binary)
             if compile_result.status is Status.OK and binary is None:
                 compile_result = compile_result.model_copy(update={
