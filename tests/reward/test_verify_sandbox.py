@@ -12,9 +12,10 @@ from typing import Any, ClassVar
 import pytest
 
 from sandloop.cli.score import score_command
-from sandloop.reward import Verdict, Verifier
+from sandloop.reward import RewardConfig, Verdict, Verifier
 from sandloop.sandbox.models import ExecResult, Limits, Program
-from sandloop.tasks import CallTest, Checker, IOTest, Task, TaskLimits, load_tasks
+from sandloop.tasks import CallTest, Checker, Comparison, IOTest, Task, TaskLimits, load_tasks
+from sandloop.tasks.values import encode
 
 PoolThread = Any  # the session fixture of conftest.py
 
@@ -246,3 +247,119 @@ def test_score_command_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureF
     comps.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": "nope", "completion": ""}\n')
     assert score_command("humaneval", comps, no_db=True, progress=False) == 2
     assert "c.jsonl:2: field 'task_id': 'nope' is not in the task set" in capsys.readouterr().err
+
+
+def _bool_task(mode: str = "strict") -> Task:
+    return Task(
+        id="bools", entry_point="classify", comparison=Comparison(values=mode),  # type: ignore[arg-type]
+        public_tests=(CallTest(name="even", args=[4], expected=True),),
+        hidden_tests=(
+            CallTest(name="odd", args=[3], expected=False),
+            CallTest(name="list", args=[[1, 2, 3]], expected=[False, True, False]),
+            CallTest(name="dict", args=[[2, 5]],
+                     expected=encode({"2": True, "5": False, "all": False})),
+        ),
+    )
+
+
+_BOOLS_GOOD = """\
+def classify(x):
+    if isinstance(x, int):
+        return x % 2 == 0
+    if len(x) == 3:
+        return [v % 2 == 0 for v in x]
+    out = {str(v): v % 2 == 0 for v in x}
+    out["all"] = all(out.values())
+    return out
+"""
+
+
+def test_functions_returning_bools_score_1_through_the_sandbox(sandbox: PoolThread) -> None:
+    """A correct bool (or list or dict of bools) was a wrong answer in strict and json modes."""
+    v = Verifier(sandbox.pool.run)
+    wrong = _BOOLS_GOOD.replace("== 0", "== 1")
+    as_ints = _BOOLS_GOOD.replace("v % 2 == 0", "int(v % 2 == 0)").replace(
+        "x % 2 == 0", "int(x % 2 == 0)")
+    for mode in ("strict", "json", "python"):
+        task = _bool_task(mode)
+        good_r, wrong_r, ints_r = sandbox.all(v.verify(task, c) for c in (_BOOLS_GOOD, wrong, as_ints))
+        assert good_r.reward == 1.0 and good_r.verdict is Verdict.PASSED, (mode, good_r.tests)
+        assert wrong_r.reward == 0.0, mode
+        assert all(o.verdict is Verdict.WRONG_ANSWER for o in wrong_r.tests), (mode, wrong_r.tests)
+        # 1 for True: right only where Python == is the rule.
+        assert ints_r.reward == (1.0 if mode == "python" else 0.0), (mode, ints_r.tests)
+
+
+# Typed values that must cross the sandbox boundary intact, and, per mode, a look-alike.
+_TRICKY: list[tuple[str, str, str]] = [  # (name, the value's literal, a look-alike's literal)
+    ("none", "None", "0"),
+    ("true", "True", "1"),
+    ("neg_zero", "-0.0", "0"),
+    ("nan", "float('nan')", "'nan'"),
+    ("inf", "float('-inf')", "-1e308"),
+    ("tuple", "(1, [2.0, (None,)])", "[1, [2.0, [None]]]"),
+    ("dict", "{'a': {1, 2}, b'k': frozenset({'x'})}", "{'a': frozenset({1, 2}), b'k': {'x'}}"),
+    ("bytes", "b'\\x00\\xff'", "'\\x00\\xff'"),
+    ("tuple_key", "{(1, 2): [True, None]}", "{(1, 2): [1, None]}"),
+    ("complex", "1+2j", "(1, 2)"),
+    ("big_int", "2**100", "float(2**100)"),
+    ("float_int", "3.0", "3"),
+]
+# Which look-alikes each mode accepts (the documented merges: json ints/floats and lists/tuples;
+# python's ==, under which -0.0 == 0, True == 1 and {1, 2} == frozenset({1, 2})).
+_LOOKALIKE_PASSES = {
+    "strict": set(),
+    "json": {"neg_zero", "tuple", "big_int", "float_int"},
+    "python": {"true", "neg_zero", "dict", "tuple_key", "big_int", "float_int"},
+}
+
+
+def test_typed_values_survive_the_sandbox_in_every_mode(sandbox: PoolThread) -> None:
+    v = Verifier(sandbox.pool.run, reward=RewardConfig(mode="fraction", on="all"))
+    names = [n for n, _, _ in _TRICKY]
+
+    def program(column: int) -> str:
+        table = ",\n    ".join(f"{n!r}: {row[column]}" for n, *row in _TRICKY)
+        return f"def f(name):\n    return {{\n    {table}\n    }}[name]\n"
+
+    expected = {n: eval(lit) for n, lit, _ in _TRICKY}  # our own literals
+    for mode in ("strict", "json", "python"):
+        task = Task(
+            id="tricky", entry_point="f", comparison=Comparison(values=mode),  # type: ignore[arg-type]
+            hidden_tests=tuple(CallTest(name=n, args=[n], expected=encode(expected[n]))
+                               for n in names),
+        )
+        same_r, alike_r = sandbox.all([v.verify(task, program(0)), v.verify(task, program(1))])
+        assert same_r.reward == 1.0, (mode, [o for o in same_r.tests if o.verdict != "passed"])
+        passed = {o.name for o in alike_r.tests if o.verdict is Verdict.PASSED}
+        assert passed == _LOOKALIKE_PASSES[mode], mode
+        assert all(o.verdict in (Verdict.PASSED, Verdict.WRONG_ANSWER) for o in alike_r.tests)
+
+
+def test_compile_step_follows_the_task_limits(sandbox: PoolThread) -> None:
+    """The verifier compiles C/C++ within limits derived from the task's (64 MiB, 1 s here:
+    512 MiB, 20 s), not a fixed 1 GiB / 30 s: a compile bomb is a compile error, never more."""
+    seen: list[tuple[Program, Limits, ExecResult]] = []
+
+    async def recording_run(program: Program, limits: Limits) -> ExecResult:
+        r = await sandbox.pool.run(program, limits)
+        seen.append((program, limits, r))
+        return r
+
+    v = Verifier(recording_run)
+    task = _stdio_task(language="cpp", limits=TaskLimits(time_s=1.0, memory_mb=64))
+    bomb = "".join([
+        "#define A 1,1,1,1,1,1,1,1,1,1,\n",
+        *(f"#define {b} {(a + ' ') * 10}\n" for a, b in zip("ABCDEFG", "BCDEFGH", strict=True)),
+        "int x[] = { H };\nint main(){ return x[0]; }\n",
+    ])
+    r = sandbox.run(v.verify(task, bomb))
+    assert r.verdict is Verdict.COMPILE_ERROR and r.reward == 0.0, r.tests
+    assert "sandloop: the compile step hit its" in (r.tests[0].detail or ""), r.tests[0].detail
+    ((_, limits, compiled),) = seen
+    assert (limits.time_s, limits.memory_mb) == (20.0, 512)
+    assert compiled.peak_memory_mb <= 513
+    seen.clear()
+    good = "#include <iostream>\nint main(){ long a, b; std::cin >> a >> b; std::cout << a + b; }\n"
+    r = sandbox.run(v.verify(task, good))
+    assert r.reward == 1.0, r.tests

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandloop import ExecResult, Limits, Program, SandboxPool, Status
+from sandloop.sandbox.models import with_compile_limit_note
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -181,6 +182,98 @@ async def test_compile_error(pool: SandboxPool) -> None:
     r = await run(pool, "int main(void) { return nope; }\n", language="c")
     assert r.status is Status.COMPILE_ERROR
     assert r.compile is not None and "nope" in r.compile.stderr
+
+
+async def test_compile_limits_derive_from_the_run_limits() -> None:
+    small = Limits(time_s=2, memory_mb=64)
+    assert (small.compile_time_limit_s, small.compile_memory_limit_mb) == (20.0, 512)  # floors
+    assert (Limits().compile_time_limit_s, Limits().compile_memory_limit_mb) == (20.0, 512)
+    mid = Limits(time_s=12.5, memory_mb=768)
+    assert (mid.compile_time_limit_s, mid.compile_memory_limit_mb) == (25.0, 768)
+    big = Limits(time_s=600, memory_mb=16384)
+    assert (big.compile_time_limit_s, big.compile_memory_limit_mb) == (30.0, 1024)  # caps
+    # Explicit values override the derivation, below the floor as above the cap.
+    low = Limits(time_s=2, memory_mb=64, compile_time_s=3, compile_memory_mb=128)
+    assert (low.compile_time_limit_s, low.compile_memory_limit_mb) == (3.0, 128)
+    high = Limits(compile_time_s=120, compile_memory_mb=4096)
+    assert (high.compile_time_limit_s, high.compile_memory_limit_mb) == (120.0, 4096)
+    # The JSON form keeps "not given" (null), so a round trip still derives.
+    back = Limits.model_validate_json(small.model_dump_json())
+    assert back.compile_memory_mb is None and back.compile_memory_limit_mb == 512
+    # What a compile step that hit a limit says, last in its stderr.
+    hit = with_compile_limit_note(ExecResult(status=Status.TIMEOUT, stderr="cc1: ...\n"), small)
+    assert hit.stderr == ("cc1: ...\nsandloop: the compile step hit its time limit of 20 s (derived "
+                          "from time_s=2: 2 x time_s within [20, 30] s); set compile_time_s to "
+                          "change it\n")
+    oom = with_compile_limit_note(ExecResult(status=Status.MEMORY_LIMIT), low)
+    assert oom.stderr.startswith("sandloop: the compile step hit its memory limit of 128 MiB "
+                                 "(set by compile_memory_mb)")
+    fine = ExecResult(status=Status.RUNTIME_ERROR, stderr="error: nope\n")
+    assert with_compile_limit_note(fine, small) == fine
+
+
+# The preprocessor expands this to an initializer of 10**8 elements: cc1plus allocates hundreds
+# of MiB within a couple of seconds (measured: 512 MiB reached in ~2.4 s).
+COMPILE_BOMB = "".join([
+    "#define A 1,1,1,1,1,1,1,1,1,1,\n",
+    *(f"#define {b} {(a + ' ') * 10}\n" for a, b in zip("ABCDEFG", "BCDEFGH", strict=True)),
+    "int x[] = { H };\nint main(){ return x[0]; }\n",
+])
+
+
+async def test_compile_bomb_is_held_to_limits_derived_from_a_small_run(pool: SandboxPool) -> None:
+    """Adversarial: with the compile step's old fixed limits (1 GiB, 30 s) this bomb took 1 GiB
+    of host memory although the run asked for 64 MiB; now it gets what the run limits derive."""
+    lim = Limits(time_s=2, memory_mb=64)
+    r = await run(pool, COMPILE_BOMB, language="cpp", limits=lim)
+    assert r.status is Status.COMPILE_ERROR, (r.status, r.error)
+    c = r.compile
+    assert c is not None and c.status in (Status.MEMORY_LIMIT, Status.TIMEOUT), c
+    # Never more host memory than the derived cap, max(64, 512) MiB; never the old 1 GiB.
+    assert c.peak_memory_mb <= 512 + 1, c.peak_memory_mb
+    assert c.wall_time_s < 20 + 5
+    if c.status is Status.MEMORY_LIMIT:
+        assert "the compile step hit its memory limit of 512 MiB (derived from memory_mb=64" \
+            in c.stderr, c.stderr
+    else:  # a very loaded host: the derived 20 s ran out first
+        assert "the compile step hit its time limit of 20 s (derived from time_s=2" in c.stderr
+
+
+async def test_compile_limits_given_explicitly_override(pool: SandboxPool) -> None:
+    lim = Limits(time_s=2, memory_mb=64, compile_memory_mb=128)
+    r = await run(pool, COMPILE_BOMB, language="cpp", limits=lim)
+    c = r.compile
+    assert r.status is Status.COMPILE_ERROR and c is not None
+    assert c.status in (Status.MEMORY_LIMIT, Status.TIMEOUT), c
+    assert c.peak_memory_mb <= 129
+    if c.status is Status.MEMORY_LIMIT:
+        assert "memory limit of 128 MiB (set by compile_memory_mb)" in c.stderr, c.stderr
+
+
+@pytest.mark.parametrize(
+    ("language", "time_s", "source"),
+    [
+        ("c", 2, "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n"
+                 'int main(void){double x = sqrt(1764.0); printf("%d\\n", (int)x); return 0;}\n'),
+        ("cpp", 2, "#include <iostream>\n#include <vector>\n#include <numeric>\n"
+                   "int main(){ std::vector<int> v(7); std::iota(v.begin(), v.end(), 3); "
+                   "std::cout << std::accumulate(v.begin(), v.end(), 0) << std::endl; }\n"),
+        # The whole standard library, as competitive solutions include it: ~200 MiB and ~1.7 s
+        # of CPU to compile. The memory floor is under test here; time_s=15 (a 30 s compile)
+        # only keeps the wall clock of a heavily shared test host out of it.
+        ("cpp", 15, "#include <bits/stdc++.h>\nusing namespace std;\n"
+                    "int main(){ vector<long long> v(7); iota(v.begin(), v.end(), 3); "
+                    "map<int, set<string>> m; m[1].insert(\"a\"); sort(v.rbegin(), v.rend()); "
+                    "cout << accumulate(v.begin(), v.end(), 0LL) + m.size() - 1 << endl; }\n"),
+    ],
+)
+async def test_ordinary_programs_compile_under_small_run_limits(
+    pool: SandboxPool, language: str, time_s: float, source: str
+) -> None:
+    r = await run(pool, source, language=language, limits=Limits(time_s=time_s, memory_mb=64))
+    assert r.status is Status.OK, (r.status, r.compile)
+    assert r.stdout == "42\n"
+    assert r.compile is not None and r.compile.status is Status.OK
 
 
 async def test_c_memory_bomb(pool: SandboxPool) -> None:

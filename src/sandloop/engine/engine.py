@@ -89,7 +89,7 @@ def _declared_memory_mb(program: Program, limits: Limits) -> int:
         except Exception:  # unavailable language: the backend reports it as the result
             compiled = False
         _COMPILED[program.language] = compiled
-    return max(limits.memory_mb, limits.compile_memory_mb) if compiled else limits.memory_mb
+    return max(limits.memory_mb, limits.compile_memory_limit_mb) if compiled else limits.memory_mb
 
 
 @dataclass

@@ -1,20 +1,65 @@
 """Comparators (pure functions): returned values vs expected values, stdout vs expected stdout.
 
-They run outside the sandbox, on decoded plain data; an :class:`~sandloop.tasks.values.Opaque`
-(an object that was not plain data, such as an always-equal object) equals nothing.
+They run outside the sandbox, on decoded plain data (see :mod:`sandloop.tasks.values`): ``None``,
+``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``, ``tuple``, ``dict``,
+``set`` and ``frozenset``. Anything else — an :class:`~sandloop.tasks.values.Opaque` (an object
+that was not plain data, such as an always-equal object) or a subclass of a plain type — equals
+nothing, not even itself.
+
+Value modes differ only in which types count as the same *kind* (docs/rewards.md has the table):
+
+* ``strict``: every type is its own kind (``True`` != ``1`` != ``1.0``, ``(1,)`` != ``[1]``,
+  ``set`` != ``frozenset``);
+* ``json``: ``int`` and ``float`` are one kind, ``list`` and ``tuple`` are one kind; everything
+  else as in ``strict`` (``True`` != ``1``: JSON keeps booleans and numbers apart);
+* ``python``: Python ``==`` on plain data: ``bool``, ``int``, ``float`` and ``complex`` are one
+  kind, ``set`` and ``frozenset`` are one kind; ``list`` != ``tuple``.
+
+Within a kind: ``bool``, ``int``, ``str``, ``bytes`` and ``None`` are equal when exactly equal;
+a ``float`` or ``complex`` on either side makes the comparison numeric within
+``rel_tol``/``abs_tol`` (``math.isclose``; an ``int`` is converted to the nearest float; NaN
+equals NaN; -0.0 equals 0.0); sequences are equal element by element; dicts have the same keys
+and equal values. Dict keys and set elements are matched *exactly* (by hash, no float
+tolerance), keeping types apart as the mode does, with NaN equal to NaN.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Literal
-
-from sandloop.tasks.values import Opaque
 
 __all__ = ["floats_close", "output_equal", "values_equal"]
 
 ValueMode = Literal["strict", "python", "json"]
 OutputMode = Literal["exact", "whitespace", "float"]
+
+_NoneType = type(None)
+# The types that are data; anything else (Opaque, subclasses, arbitrary objects) equals nothing.
+_PLAIN = frozenset(
+    {_NoneType, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset}
+)
+
+# Per mode, the kind of each plain type: two values can only be equal if their kinds agree.
+_KINDS: dict[str, dict[type, str]] = {
+    "strict": {t: t.__name__ for t in _PLAIN},
+    "json": {
+        **{t: t.__name__ for t in _PLAIN},
+        int: "number", float: "number", list: "sequence", tuple: "sequence",
+    },
+    "python": {
+        **{t: t.__name__ for t in _PLAIN},
+        bool: "number", int: "number", float: "number", complex: "number",
+        set: "set", frozenset: "set",
+    },
+}
+
+
+_NUMBER = frozenset({bool, int, float, complex})
+
+
+class _NotData(Exception):
+    """A value that is not plain data was found where a key is needed: it equals nothing."""
 
 
 def floats_close(expected: float, actual: float, rel_tol: float, abs_tol: float) -> bool:
@@ -26,11 +71,49 @@ def floats_close(expected: float, actual: float, rel_tol: float, abs_tol: float)
     return math.isclose(expected, actual, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
-def _is_num(x: Any, mode: ValueMode) -> bool:
+def _as_float(x: int | float) -> float | None:
+    try:
+        return float(x)
+    except OverflowError:  # an int beyond the float range is close to no float
+        return None
+
+
+def _numbers_equal(e: Any, a: Any, rel_tol: float, abs_tol: float) -> bool:
+    """Two numbers of one kind (the mode already decided that their types may meet)."""
+    te, ta = type(e), type(a)
+    if te is complex or ta is complex:
+        ce, ca = complex(e), complex(a)
+        return floats_close(ce.real, ca.real, rel_tol, abs_tol) and floats_close(
+            ce.imag, ca.imag, rel_tol, abs_tol
+        )
+    if te is float or ta is float:
+        if e == a:  # exact, also for an int too large for a float
+            return True
+        fe, fa = _as_float(e), _as_float(a)
+        return fe is not None and fa is not None and floats_close(fe, fa, rel_tol, abs_tol)
+    return bool(e == a)  # bool and int: exact
+
+
+def _key(x: Any, mode: ValueMode) -> Any:
+    """A hashable stand-in for a dict key or set element: equal exactly when the two values are
+    equal in ``mode`` without tolerance (NaN equal to NaN, the mode's kinds kept apart)."""
     t = type(x)
-    if mode == "python":
-        return t is int or t is float or t is bool
-    return t is int or t is float
+    if t not in _PLAIN:
+        raise _NotData
+    kind = _KINDS[mode][t]
+    if t is float:
+        return (kind, "nan" if math.isnan(x) else x)
+    if t is complex:
+        if mode == "python" and x.imag == 0:
+            return (kind, "nan" if math.isnan(x.real) else x.real)  # 2+0j == 2
+        return (kind, _key(x.real, mode), _key(x.imag, mode))
+    if t is tuple or t is list:
+        return (kind, tuple(_key(v, mode) for v in x))
+    if t is frozenset or t is set:
+        return (kind, frozenset(Counter(_key(v, mode) for v in x).items()))
+    # bool, int, str, bytes, None: Python's own equality and hash are exact. In python mode
+    # True, 1 and 1.0 share a kind, are == and hash alike, as Python's dicts and sets have them.
+    return (kind, x)
 
 
 def values_equal(
@@ -41,71 +124,60 @@ def values_equal(
     rel_tol: float = 1e-9,
     abs_tol: float = 1e-9,
 ) -> bool:
-    """Compare decoded values.
+    """Whether ``actual`` equals ``expected`` in ``mode`` (see the module docstring).
 
-    ``strict``: identical types all the way down; floats within tolerance. ``python``: Python
-    ``==`` on plain data (``1 == 1.0 == True``, list != tuple, set == frozenset), floats within
-    tolerance. ``json``: strict, except tuple == list and int == float (data that went through
-    JSON cannot keep those apart).
+    Reflexive on plain data and symmetric in its two value arguments.
     """
-    if isinstance(expected, Opaque) or isinstance(actual, Opaque):
+    try:
+        return _equal(expected, actual, mode, rel_tol, abs_tol)
+    except _NotData:
         return False
-    te, ta = type(expected), type(actual)
-    if _is_num(expected, mode) and _is_num(actual, mode):
-        if mode == "strict" and te is not ta:
-            return False
-        if te is float or ta is float:
-            return floats_close(float(expected), float(actual), rel_tol, abs_tol)
-        return bool(expected == actual)
-    if te is complex or ta is complex:
-        if te is not ta and mode == "strict":
-            return False
-        try:
-            e, a = complex(expected), complex(actual)
-        except (TypeError, ValueError):
-            return False
-        return floats_close(e.real, a.real, rel_tol, abs_tol) and floats_close(
-            e.imag, a.imag, rel_tol, abs_tol
-        )
-    seq = (list, tuple)
-    if te in seq and ta in seq:
-        if te is not ta and mode != "json":
-            return False
-        return len(expected) == len(actual) and all(
-            values_equal(e, a, mode, rel_tol=rel_tol, abs_tol=abs_tol)
-            for e, a in zip(expected, actual, strict=True)
-        )
-    if te is dict and ta is dict:
-        if len(expected) != len(actual):
-            return False
-        for k, v in expected.items():
-            # Keys are compared by hashing (exact), values with the comparator.
-            if k not in actual:
-                return False
-            if mode == "strict" and not _same_key_type(k, actual):
-                return False
-            if not values_equal(v, actual[k], mode, rel_tol=rel_tol, abs_tol=abs_tol):
-                return False
-        return True
-    sets = (set, frozenset)
-    if te in sets and ta in sets:
-        if te is not ta and mode == "strict":
-            return False
-        if mode == "strict" and {type(x) for x in expected} != {type(x) for x in actual}:
-            return False
-        return bool(expected == actual)
-    if te is not ta:
-        return False
-    if te is str or te is bytes or expected is None:
-        return bool(expected == actual)
-    return False
 
 
-def _same_key_type(key: Any, actual: dict[Any, Any]) -> bool:
-    for k in actual:
-        if k == key:
-            return type(k) is type(key)
-    return False
+def _equal(e: Any, a: Any, mode: ValueMode, rel_tol: float, abs_tol: float) -> bool:
+    te, ta = type(e), type(a)
+    if te not in _PLAIN or ta not in _PLAIN:
+        return False
+    kinds = _KINDS[mode]
+    if kinds[te] != kinds[ta]:
+        return False
+    if te in _NUMBER and ta in _NUMBER:
+        return _numbers_equal(e, a, rel_tol, abs_tol)
+    if te is list or te is tuple:
+        return len(e) == len(a) and all(
+            _equal(x, y, mode, rel_tol, abs_tol) for x, y in zip(e, a, strict=True)
+        )
+    if te is dict:
+        return _dicts_equal(e, a, mode, rel_tol, abs_tol)
+    if te is set or te is frozenset:
+        if len(e) != len(a):
+            return False
+        return Counter(_key(x, mode) for x in e) == Counter(_key(y, mode) for y in a)
+    return bool(e == a)  # str, bytes, None
+
+
+
+def _dicts_equal(e: dict[Any, Any], a: dict[Any, Any], mode: ValueMode, rel_tol: float,
+                 abs_tol: float) -> bool:
+    if len(e) != len(a):
+        return False
+    # Keys by their exact stand-ins. A list per stand-in: two NaN keys are distinct dict keys
+    # (NaN != NaN) but one stand-in; their values are matched in insertion order.
+    by_key: dict[Any, list[Any]] = {}
+    for k, v in a.items():
+        by_key.setdefault(_key(k, mode), []).append(v)
+    wanted: dict[Any, list[Any]] = {}
+    for k, v in e.items():
+        wanted.setdefault(_key(k, mode), []).append(v)
+    if by_key.keys() != wanted.keys():
+        return False
+    for k, values in wanted.items():
+        got = by_key[k]
+        if len(got) != len(values) or not all(
+            _equal(x, y, mode, rel_tol, abs_tol) for x, y in zip(values, got, strict=True)
+        ):
+            return False
+    return True
 
 
 def _float_token(tok: str) -> float | None:

@@ -36,7 +36,7 @@ from sandloop.reward.verdicts import (
     shape_reward,
 )
 from sandloop.sandbox.languages import spec_for
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status, with_compile_limit_note
 from sandloop.tasks import CallTest, Checker, Comparison, IOTest, ScriptTest, Task
 from sandloop.tasks.values import ValueCodecError, decode
 
@@ -363,7 +363,7 @@ class Verifier:
         if task.language in ("c", "cpp"):
             # Compile once, then run each test in its own fresh sandbox on the same binary: a test
             # cannot touch another's output, and the compiler runs once, not once per test.
-            built = await self._compile(task.language, source)
+            built = await self._compile(task.language, source, limits)
             if isinstance(built, ExecResult):
                 return self._all_failed(task, tests, built), 1, {
                     "sandbox_wall_s": round(built.wall_time_s, 6)}
@@ -394,13 +394,18 @@ class Verifier:
         timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r, _ in runs), 6)}
         return outcomes, max((a for _, a in runs), default=1), timings
 
-    async def _compile(self, language: str, source: str) -> bytes | ExecResult:
-        """The compiled program, or the failed (or infrastructure-failed) compile run."""
-        step = spec_for(language).compile
-        assert step is not None
+    async def _compile(self, language: str, source: str, run: Limits) -> bytes | ExecResult:
+        """The compiled program, or the failed (or infrastructure-failed) compile run.
+
+        The compiler runs as a program of its own, within the compile limits that the test
+        runs' limits ``run`` derive (``Limits.compile_time_limit_s``/``compile_memory_limit_mb``).
+        """
         spec = spec_for(language)
+        step = spec.compile
+        assert step is not None
         cmd = " ".join(shlex.quote(a) for a in step.argv)
-        limits = Limits(time_s=30, memory_mb=1024, stdout_bytes=64 << 20, stderr_bytes=1 << 16)
+        limits = Limits(time_s=run.compile_time_limit_s, memory_mb=run.compile_memory_limit_mb,
+                        stdout_bytes=64 << 20, stderr_bytes=1 << 16)
         r, _ = await self._run_retrying(
             Program(language="bash", source=f"exec {cmd}", files={spec.main_file: source},
                     collect=[spec.binary]), limits)
@@ -409,6 +414,7 @@ class Verifier:
             return binary
         if r.status is Status.SANDBOX_ERROR:
             return r
+        r = with_compile_limit_note(r, run)
         return r.model_copy(update={"status": Status.COMPILE_ERROR,
                                     "stderr": r.stderr or "the compiler produced no program"})
 

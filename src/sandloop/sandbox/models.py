@@ -47,6 +47,12 @@ class Status(StrEnum):
     SANDBOX_ERROR = "sandbox_error"
 
 
+# How the compile step's limits derive from the run's when not given (Limits.compile_*_limit_*).
+COMPILE_TIME_FLOOR_S = 20.0
+COMPILE_TIME_CAP_S = 30.0
+COMPILE_MEMORY_FLOOR_MB = 512
+COMPILE_MEMORY_CAP_MB = 1024
+
 FileContent = Annotated[str | bytes, Field(description="text (UTF-8) or raw bytes")]
 
 
@@ -77,13 +83,60 @@ class Limits(BaseModel):
     workdir_mb: int = Field(64, ge=1, le=16384, description="size of the work dir and of /tmp, MiB")
     workdir_inodes: int = Field(4096, ge=16, le=1 << 20, description="files in the work dir and /tmp")
     open_files: int = Field(256, ge=16, le=65536, description="file descriptors per process")
-    compile_time_s: float = Field(30.0, gt=0, le=3600, description="wall limit for compilation")
-    compile_memory_mb: int = Field(1024, ge=64, le=65536, description="memory for compilation")
+    compile_time_s: float | None = Field(
+        None, gt=0, le=3600,
+        description="wall (and CPU) limit of the compile step; default: derived from time_s, "
+        f"2 x time_s within [{COMPILE_TIME_FLOOR_S:g}, {COMPILE_TIME_CAP_S:g}] s",
+    )
+    compile_memory_mb: int | None = Field(
+        None, ge=64, le=65536,
+        description="memory of the compile step, MiB; default: derived from memory_mb, "
+        f"memory_mb within [{COMPILE_MEMORY_FLOOR_MB}, {COMPILE_MEMORY_CAP_MB}] MiB",
+    )
     compile_output_mb: int = Field(64, ge=1, le=1024, description="largest compiled program")
 
     @property
     def cpu_limit_s(self) -> float:
         return self.cpu_time_s if self.cpu_time_s is not None else self.time_s
+
+    # The compile step's limits follow the run's, so that a small run cannot hide a large
+    # compile: a compile bomb submitted with --memory-mb 64 once got 1 GiB and 30 s of the host.
+    # Floors keep ordinary programs compiling (measured: g++ -O2 on a bits/stdc++.h solution
+    # peaks at ~200 MiB and ~1.7 s of CPU, which took over 10 s of wall time on a 2-core host
+    # at load 9: a false compile error is a reward of 0 for a correct program); caps bound what
+    # any derived compile step may take.
+    # Explicit compile_time_s / compile_memory_mb override the derivation, in both directions.
+
+    @property
+    def compile_time_limit_s(self) -> float:
+        """The compile step's wall and CPU limit: explicit, or derived from ``time_s``."""
+        if self.compile_time_s is not None:
+            return self.compile_time_s
+        return min(max(2.0 * self.time_s, COMPILE_TIME_FLOOR_S), COMPILE_TIME_CAP_S)
+
+    @property
+    def compile_memory_limit_mb(self) -> int:
+        """The compile step's memory limit: explicit, or derived from ``memory_mb``."""
+        if self.compile_memory_mb is not None:
+            return self.compile_memory_mb
+        return min(max(self.memory_mb, COMPILE_MEMORY_FLOOR_MB), COMPILE_MEMORY_CAP_MB)
+
+    def compile_limit_note(self, status: Status) -> str | None:
+        """What to tell the user when the compile step ended for one of its limits, or None."""
+        if status is Status.MEMORY_LIMIT:
+            how = ("set by compile_memory_mb" if self.compile_memory_mb is not None else
+                   f"derived from memory_mb={self.memory_mb}: memory_mb within "
+                   f"[{COMPILE_MEMORY_FLOOR_MB}, {COMPILE_MEMORY_CAP_MB}] MiB")
+            return (f"sandloop: the compile step hit its memory limit of "
+                    f"{self.compile_memory_limit_mb} MiB ({how}); set compile_memory_mb to "
+                    "change it")
+        if status is Status.TIMEOUT:
+            how = ("set by compile_time_s" if self.compile_time_s is not None else
+                   f"derived from time_s={self.time_s:g}: 2 x time_s within "
+                   f"[{COMPILE_TIME_FLOOR_S:g}, {COMPILE_TIME_CAP_S:g}] s")
+            return (f"sandloop: the compile step hit its time limit of "
+                    f"{self.compile_time_limit_s:g} s ({how}); set compile_time_s to change it")
+        return None
 
     @property
     def kill_output_bytes(self) -> int:
@@ -188,3 +241,13 @@ class ExecResult(BaseModel):
     def to_json(self) -> str:
         """One-line JSON form (the ``--json`` / exec-batch output)."""
         return self.model_dump_json(exclude_none=False)
+
+
+def with_compile_limit_note(result: ExecResult, limits: Limits) -> ExecResult:
+    """A compile step's ``result``, its stderr ending with which limit it hit, if it hit one
+    (last, so that the tail a verdict keeps says why)."""
+    note = limits.compile_limit_note(result.status)
+    if note is None:
+        return result
+    text = result.stderr.rstrip()
+    return result.model_copy(update={"stderr": f"{text}\n{note}\n" if text else f"{note}\n"})

@@ -20,7 +20,13 @@ from sandloop.errors import SandboxError
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import (
+    ExecResult,
+    Limits,
+    Program,
+    Status,
+    with_compile_limit_note,
+)
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
@@ -54,8 +60,8 @@ def _as_bytes(v: str | bytes | None) -> bytes:
 def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
     if compile_step:
         return StepLimits(
-            wall_s=limits.compile_time_s, cpu_s=limits.compile_time_s,
-            memory_bytes=limits.compile_memory_mb << 20, max_pids=max(64, limits.max_processes),
+            wall_s=limits.compile_time_limit_s, cpu_s=limits.compile_time_limit_s,
+            memory_bytes=limits.compile_memory_limit_mb << 20, max_pids=max(64, limits.max_processes),
             cpus=1.0, cpu_weight=limits.cpu_weight, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
             # The binary must survive into the run step: same work dir, same size.
             workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
@@ -527,7 +533,9 @@ class SandboxPool:
                 files=pack_files(files), env=env, collect=(spec.binary,),
                 collect_max=limits.compile_output_mb << 20,
             )
-            compile_result = classify(c, cpu_limit_s=limits.compile_time_s, isolation="full")
+            compile_result = classify(c, cpu_limit_s=limits.compile_time_limit_s,
+                                      isolation="full")
+            compile_result = with_compile_limit_note(compile_result, limits)
             binary = c.files.get(spec.binary)
             if compile_result.status is Status.OK and binary is None:
                 compile_result = compile_result.model_copy(update={

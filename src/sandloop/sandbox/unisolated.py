@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from sandloop.sandbox.languages import WORK_DIR, LanguageSpec, Step, sandbox_env
-from sandloop.sandbox.models import ExecResult, Limits, Status
+from sandloop.sandbox.models import ExecResult, Limits, Status, with_compile_limit_note
 
 
 def _argv(step: Step, workdir: str, python: str) -> list[str]:
@@ -85,7 +85,8 @@ async def run_unisolated(program: object, limits: Limits, spec: LanguageSpec, py
         compile_result = None
         if spec.compile is not None:
             compile_result, _ = await _run_step(_argv(spec.compile, d, python), d, b"", limits,
-                                                limits.compile_time_s, env)
+                                                limits.compile_time_limit_s, env)
+            compile_result = with_compile_limit_note(compile_result, limits)
             if compile_result.status is not Status.OK:
                 return ExecResult(status=Status.COMPILE_ERROR, compile=compile_result,
                                   isolation="none")

@@ -311,9 +311,9 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     def check_limits(limits: Limits) -> None:
         c = config
         problems = []
-        if limits.time_s > c.max_time_s or limits.compile_time_s > c.max_time_s:
+        if limits.time_s > c.max_time_s or limits.compile_time_limit_s > c.max_time_s:
             problems.append(f"time_s/compile_time_s at most {c.max_time_s:g}")
-        if max(limits.memory_mb, limits.compile_memory_mb) > c.max_memory_mb:
+        if max(limits.memory_mb, limits.compile_memory_limit_mb) > c.max_memory_mb:
             problems.append(f"memory_mb/compile_memory_mb at most {c.max_memory_mb}")
         if max(limits.stdout_bytes, limits.stderr_bytes) > c.max_output_bytes:
             problems.append(f"stdout_bytes/stderr_bytes at most {c.max_output_bytes}")

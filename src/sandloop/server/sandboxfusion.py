@@ -122,9 +122,9 @@ def to_program(req: RunCodeRequest, *, default_memory_mb: int, max_memory_mb: in
                                  f"of {max_time_s:g} s")
     program = Program(language=LANGUAGE_MAP[req.language], source=req.code, stdin=req.stdin,
                       files=files, collect=list(req.fetch_files))
+    # The compile step's memory derives from the run's (Limits.compile_memory_limit_mb).
     limits = Limits(time_s=req.run_timeout, memory_mb=max(mem, 8),
-                    compile_time_s=req.compile_timeout,
-                    compile_memory_mb=max(1024, mem))
+                    compile_time_s=req.compile_timeout)
     return program, limits
 
 

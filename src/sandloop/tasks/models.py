@@ -103,7 +103,8 @@ class Comparison(_Frozen):
     ``values`` (function calls): ``strict`` — same types all the way down (``1`` != ``1.0`` !=
     ``True``, tuple != list), floats within tolerance; ``python`` — Python ``==`` on plain data
     (what an ``assert f(x) == y`` meant), floats within tolerance; ``json`` — like strict but
-    tuples equal lists and ints equal floats (data that went through JSON).
+    tuples equal lists and ints equal floats (data that went through JSON; bools stay bools).
+    Dict keys and set elements match exactly. docs/rewards.md ("Comparison") is the full rule.
     ``output`` (stdout): ``exact``; ``whitespace`` — same whitespace-separated tokens; ``float`` —
     tokens equal, numeric tokens within tolerance.
     """
