@@ -17,7 +17,6 @@ INTERNAL = {
     "sandloop.reward.sandbox_harness.TestTimeout",
     "sandloop.sandbox.zygote.SetupError",
     "sandloop.sandbox.zygote.SpareGone",
-    "sandloop.server.app._ClientGone",
     "sandloop.server.auth.Refused",
 }
 
@@ -29,7 +28,8 @@ def _exception_classes() -> list[type[BaseException]]:
             continue
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, BaseException) and obj.__module__ == module.__name__:
+            if (issubclass(obj, BaseException) and obj.__module__ == module.__name__
+                    and not obj.__name__.startswith("_")):  # private: never leaves its module
                 found.append(obj)
     return found
 
