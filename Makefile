@@ -8,8 +8,12 @@ DEB_STAMP := $(VENV)/.deb-installed
 # each run uses to isolate itself); libseccomp2: the seccomp filter compiler; chromium: the
 # monitor dashboard's end-to-end test (headless).
 DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2 chromium
+# user-mode-linux: a Linux guest as an ordinary process, whose cgroup v2 hierarchy the sandbox
+# suites run on again (tests/uml/run_in_uml.py); its own stamp, so existing checkouts get it too.
+UML_STAMP := $(VENV)/.uml-installed
+RESULTS := build/test-results
 
-.PHONY: demo test test-slow lint bench deps clean
+.PHONY: demo test test-cgroup-v2 test-slow lint bench deps clean
 
 $(DEB_STAMP):
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -18,6 +22,11 @@ $(DEB_STAMP):
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	@mkdir -p $(VENV) && touch $@
+
+$(UML_STAMP): | $(DEB_STAMP)
+	@dpkg -s user-mode-linux >/dev/null 2>&1 || { echo "installing Debian packages: user-mode-linux"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq user-mode-linux; }
+	@touch $@
 
 $(STAMP): pyproject.toml | $(DEB_STAMP)
 	@test -x $(VPY) || $$(command -v python3.11 || command -v python3) -m venv $(VENV)
@@ -35,14 +44,21 @@ demo: $(STAMP)
 	$(VENV)/bin/sandloop exec-batch --table examples/demo_batch.jsonl
 	$(VENV)/bin/sandloop demo
 
-test: $(STAMP)
+test: $(STAMP) $(UML_STAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
-	$(VPY) -m pytest -q
+	@mkdir -p $(RESULTS)
+	$(VPY) -m pytest -q --junitxml=$(RESULTS)/v1-c.xml
 	# The sandbox and adversarial suites again, with the children's isolation steps in Python
 	# (the fallback for hosts without a C compiler) instead of the C helper.
-	SANDLOOP_JAIL=python $(VPY) -m pytest -q tests/sandbox tests/security
+	SANDLOOP_JAIL=python $(VPY) -m pytest -q --junitxml=$(RESULTS)/v1-python.xml tests/sandbox tests/security
+	# Both again on cgroup v2 (this host has v1 only), in a User-mode Linux guest; the table
+	# puts them next to the runs above (docs/sandbox.md, "cgroup v2").
+	$(VPY) tests/uml/run_in_uml.py --v1-junit $(RESULTS)
+
+test-cgroup-v2: $(STAMP) $(UML_STAMP)
+	$(VPY) tests/uml/run_in_uml.py --v1-junit $(RESULTS)
 
 test-slow: $(STAMP)
 	$(VPY) -m pytest -q -m slow

@@ -40,9 +40,12 @@ async def test_pool_close_removes_cgroups_and_dirs() -> None:
     async with SandboxPool(2) as pool:
         await pool.run(Program(source="pass"))
         names = [s.name for s in pool._slots]
-        assert all(Path(f"/sys/fs/cgroup/memory/sandloop/{n}").exists() for n in names)
+        base = Path("/sys/fs/cgroup/sandloop"
+                    if Path("/sys/fs/cgroup/cgroup.controllers").exists()  # cgroup v2
+                    else "/sys/fs/cgroup/memory/sandloop")
+        assert all((base / n).exists() for n in names)
     for n in names:
-        assert not Path(f"/sys/fs/cgroup/memory/sandloop/{n}").exists()
+        assert not (base / n).exists()
         assert not Path(f"/run/sandloop/{n}").exists()
 
 

@@ -179,24 +179,30 @@ def proc_info(pid: int) -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in status.splitlines())}
 
 
+def _hierarchies() -> dict[str, Path]:
+    """name -> hierarchy root: each v1 controller's, or the one v2 hierarchy ("unified")."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return {"unified": CGROUP_ROOT}
+    return {d.name: d for d in CGROUP_ROOT.iterdir()} if CGROUP_ROOT.is_dir() else {}
+
+
 def sandloop_cgroups() -> dict[str, list[str]]:
-    """controller -> slot group names under /sys/fs/cgroup/<controller>/sandloop."""
+    """hierarchy -> slot group names under /sys/fs/cgroup/<controller>/sandloop (v1) or
+    /sys/fs/cgroup/sandloop (v2)."""
     out: dict[str, list[str]] = {}
-    if not CGROUP_ROOT.is_dir():
-        return out
-    for ctrl in CGROUP_ROOT.iterdir():
-        base = ctrl / "sandloop"
+    for name, root in _hierarchies().items():
+        base = root / "sandloop"
         if base.is_dir():
-            out[ctrl.name] = sorted(p.name for p in base.iterdir() if p.is_dir())
+            out[name] = sorted(p.name for p in base.iterdir() if p.is_dir())
     return out
 
 
 def cgroup_procs(group: str) -> dict[str, list[int]]:
     out = {}
-    for ctrl in CGROUP_ROOT.iterdir():
-        procs = ctrl / "sandloop" / group / "cgroup.procs"
+    for name, root in _hierarchies().items():
+        procs = root / "sandloop" / group / "cgroup.procs"
         if procs.exists():
-            out[ctrl.name] = sorted(int(x) for x in _read(str(procs)).split())
+            out[name] = sorted(int(x) for x in _read(str(procs)).split())
     return out
 
 
