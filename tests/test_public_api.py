@@ -16,7 +16,7 @@ PUBLIC = {
     "sandloop.engine": [
         "Backend", "ClientPolicy", "DeadlineExceeded", "Engine", "EngineClosed", "EngineError",
         "EngineOverloaded", "EngineStats", "IdempotencyConflict", "JobHandle", "Journal", "JournalError", "LocalBackend",
-        "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "Session",
+        "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "RetryPolicy", "Session",
         "SessionClosed", "SessionExpired", "SessionFull", "SessionLimit", "SessionLost", "SyncEngine",
         "SyncSession", "aggregate", "job_key"],
     "sandloop.tasks": [

@@ -6,14 +6,17 @@ import ast
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from sandloop.cli.score import score_command
+from sandloop.engine import Engine, LocalBackend
 from sandloop.reward import RewardConfig, Verdict, Verifier
 from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.sandbox.pool import SandboxPool
 from sandloop.tasks import CallTest, Checker, Comparison, IOTest, Task, TaskLimits, load_tasks
 from sandloop.tasks.values import encode
 
@@ -173,7 +176,7 @@ async def _always_broken(program: Program, limits: Limits) -> ExecResult:
     return ExecResult.sandbox_error("injected: slot lost")
 
 
-def test_injected_sandbox_error_gives_null_reward_after_retries() -> None:
+def test_injected_sandbox_error_gives_null_reward_and_is_not_retried_by_the_verifier() -> None:
     calls = 0
 
     async def broken(program: Program, limits: Limits) -> ExecResult:
@@ -181,26 +184,33 @@ def test_injected_sandbox_error_gives_null_reward_after_retries() -> None:
         calls += 1
         return await _always_broken(program, limits)
 
-    v = Verifier(broken, retries=2)
+    v = Verifier(broken)
     r = asyncio.run(v.verify(HUMANEVAL[0], HUMANEVAL[0].reference_solution or ""))
-    assert calls == 3 and r.attempts == 3
+    assert calls == 1  # only the engine retries (engine/retry.py): no stacked attempts
     assert r.reward is None and r.verdict is Verdict.SANDBOX_ERROR
     assert r.reward_reason is not None and "injected: slot lost" in r.reward_reason
 
 
-def test_injected_transient_sandbox_error_is_retried(sandbox: PoolThread) -> None:
-    calls = 0
+def test_injected_transient_sandbox_error_is_retried_by_the_engine() -> None:
+    class FailsOnceBackend(LocalBackend):
+        """Fault injection: the first run is lost to an infrastructure failure."""
 
-    async def flaky(program: Program, limits: Limits) -> ExecResult:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return ExecResult.sandbox_error("injected: transient")
-        return await sandbox.pool.run(program, limits)
+        failed = False
 
-    v = Verifier(flaky)
-    r = sandbox.run(v.verify(HUMANEVAL[0], HUMANEVAL[0].reference_solution or ""))
-    assert r.reward == 1.0 and r.attempts == 2
+        async def execute(self, program: Program, limits: Limits, *,
+                          on_end: Callable[[], None] | None = None) -> ExecResult:
+            if not self.failed:
+                self.failed = True
+                return ExecResult.sandbox_error("injected: transient")
+            return await super().execute(program, limits, on_end=on_end)
+
+    async def go() -> tuple[float | None, int]:
+        async with Engine(FailsOnceBackend(SandboxPool(1)), retry_backoff_s=0.0) as e:
+            r = await Verifier(e.runner()).verify(HUMANEVAL[0],
+                                                   HUMANEVAL[0].reference_solution or "")
+            return r.reward, e.stats.retried
+
+    assert asyncio.run(go()) == (1.0, 1)
 
 
 def test_hidden_expected_values_never_enter_the_sandbox() -> None:
@@ -212,7 +222,7 @@ def test_hidden_expected_values_never_enter_the_sandbox() -> None:
 
     task = Task(id="t", entry_point="f", hidden_tests=(
         CallTest(name="h", args=["input-marker"], expected="SECRET-EXPECTED-VALUE"),))
-    asyncio.run(Verifier(spy, retries=0).verify(task, "def f(x):\n    return x\n"))
+    asyncio.run(Verifier(spy).verify(task, "def f(x):\n    return x\n"))
     (program,) = seen
     files = b"".join(v.encode() if isinstance(v, str) else v for v in program.files.values())
     everything = str(program.stdin).encode() + program.source.encode() + files

@@ -196,7 +196,7 @@ async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: 
     """Run through the engine; print results in input order as soon as each prefix is done."""
     results: list[ExecResult | None] = [None] * len(requests)
     printed = 0
-    async with Engine(slots=slots, isolation=isolation, max_attempts=2) as engine:
+    async with Engine(slots=slots, isolation=isolation) as engine:
         async for i, r in engine.stream(((q.program, q.limits) for q in requests),
                                         client="exec-batch"):
             results[i] = r

@@ -79,8 +79,8 @@ def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
             path.parent.mkdir(parents=True, exist_ok=True)
             store = ResultStore(path)
         try:
-            async with Engine(slots=slots, isolation="none" if no_isolation else "full",
-                              max_attempts=1) as engine:
+            async with Engine(slots=slots, isolation="none" if no_isolation else "full"
+                              ) as engine:
                 verifier = Verifier(engine.runner(priority="background", client="audit"),
                                     reward=RewardConfig.model_validate({"on": "hidden"}))
                 return await score_all(by_id, items, verifier, store=store,

@@ -120,10 +120,9 @@ def score_command(
 
     async def run() -> list[CompletionResult]:
         nonlocal cached
-        # Through the engine, like every surface: scheduling, admission and fairness apply.
-        # The verifier retries infrastructure failures itself (then reports a null reward).
+        # Through the engine, like every surface: scheduling, admission, fairness and the retry
+        # of infrastructure failures apply (a failure that persists is a null reward).
         async with Engine(slots=slots, isolation="none" if no_isolation else "full",
-                          max_attempts=1,
                           preload=preload_with(preload_extra)
                           ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,

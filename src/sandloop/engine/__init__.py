@@ -19,6 +19,7 @@ from sandloop.engine.errors import (
 )
 from sandloop.engine.journal import Journal, JournalError, job_key
 from sandloop.engine.repeat import RepeatedResult, aggregate
+from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.session import Session
 from sandloop.engine.sync import SyncEngine, SyncSession
 
@@ -41,6 +42,7 @@ __all__ = [
     "RateLimited",
     "RepeatedResult",
     "ResourceTooLarge",
+    "RetryPolicy",
     "Session",
     "SessionClosed",
     "SessionExpired",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
-import random
 import time
 from collections import deque
 from collections.abc import (
@@ -43,6 +43,7 @@ from sandloop.engine.errors import (
 )
 from sandloop.engine.journal import Journal, content_digest, job_key
 from sandloop.engine.repeat import RepeatedResult, aggregate
+from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
 from sandloop.sandbox.languages import spec_for
@@ -202,8 +203,9 @@ class Engine:
                 r = await s.run("python sol.py")
 
     Defaults: ``2 x cores`` slots, a CPU budget of ``cores`` (runs declaring ``Limits.cpus`` < 1
-    pack more densely), 75 % of host memory as the memory budget, a queue of 100,000 jobs, three
-    attempts for infrastructure failures, no journal (pass ``journal=path`` for durability).
+    pack more densely), 75 % of host memory as the memory budget, a queue of 100,000 jobs,
+    ``RetryPolicy()`` for infrastructure failures (three attempts; the engine is the only layer
+    that retries them), no journal (pass ``journal=path`` for durability).
     Jobs of priority >= ``PRIORITIES["eval"]`` have a reserve: one slot ordinary jobs never take
     (``reserve_slots``, default 1 with 4+ slots) and ``reserve_cpus`` of CPU overcommit, so an
     eval run starts at once even while a training flood saturates the engine. ``min_slots``
@@ -222,8 +224,9 @@ class Engine:
         memory_mb: int | None = None,
         max_queued: int = 100_000,
         journal: str | Path | Journal | None = None,
-        max_attempts: int = 3,
-        retry_backoff_s: float = 0.05,
+        retry: RetryPolicy | None = None,
+        max_attempts: int | None = None,
+        retry_backoff_s: float | None = None,
         session_idle_s: float = 600.0,
         session_ttl_s: float = 6 * 3600.0,
         max_sessions: int = 10_000,
@@ -243,8 +246,14 @@ class Engine:
                 warm, max_slots=n, isolation=isolation,
                 preload=DEFAULT_PRELOAD if preload is None else preload))
         self.backend = backend
-        self.max_attempts = max(1, max_attempts)
-        self.retry_backoff_s = retry_backoff_s
+        # ``max_attempts`` / ``retry_backoff_s`` are shorthands for the policy's two main knobs.
+        policy = retry or RetryPolicy()
+        if max_attempts is not None or retry_backoff_s is not None:
+            policy = dataclasses.replace(
+                policy,
+                max_attempts=policy.max_attempts if max_attempts is None else max(1, max_attempts),
+                backoff_s=policy.backoff_s if retry_backoff_s is None else retry_backoff_s)
+        self.retry = policy
         self.session_idle_s = session_idle_s
         self.session_ttl_s = session_ttl_s
         self.max_sessions = max_sessions
@@ -837,12 +846,12 @@ class Engine:
             self._fail(job, lost)
             return
         if result.status is Status.SANDBOX_ERROR:
-            if (job.workspace is None and job.attempts + 1 < self.max_attempts
+            if (job.workspace is None and self.retry.allows(job.attempts + 1)
                     and not job.future.done() and not self._closed and self.backend.retryable):
                 # Infrastructure failure: back off, then retry (the pool has replaced the slot).
                 job.attempts += 1
                 self.stats.retried += 1
-                delay = self.retry_backoff_s * (2 ** (job.attempts - 1)) * (0.5 + random.random())
+                delay = self.retry.delay(job.attempts)
                 assert self._loop is not None
                 self._loop.call_later(delay, self._requeue, job)
                 return

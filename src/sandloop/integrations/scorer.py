@@ -95,7 +95,7 @@ class Scorer:
 
     async def _start_engine(self) -> Verifier:
         if self._verifier is None:
-            engine = Engine(slots=self.slots, isolation=self.isolation, max_attempts=1)
+            engine = Engine(slots=self.slots, isolation=self.isolation)
             await engine.start()
             self._engine = engine
             self._verifier = Verifier(engine.runner(priority=self.priority, client=self.client),

@@ -6,8 +6,10 @@ program outputs come back on the result channel (fd 3) and are compared here, ou
 exit codes and printed text are never evidence. Other languages' stdin/stdout tests run one sandbox
 run per test. Custom checkers run in their own sandbox runs.
 
-A ``sandbox_error`` (the infrastructure's failure) is retried; if it persists, the affected tests
-get the ``sandbox_error`` verdict and the reward is ``None`` with the reason.
+A ``sandbox_error`` (the infrastructure's failure) gives the affected tests the ``sandbox_error``
+verdict and the reward ``None`` with the reason. The verifier only classifies: retrying is the
+engine's job (``sandloop.engine.RetryPolicy``), so pass an engine's runner (``engine.runner()``)
+to have infrastructure failures retried.
 """
 
 from __future__ import annotations
@@ -115,7 +117,6 @@ class CompletionResult(BaseModel):
     public: PassCount
     hidden: PassCount
     timings: dict[str, float] = Field(default_factory=dict)
-    attempts: int = 1
     assembled: str | None = Field(None, description="how the program was built from the completion")
     format_error: str | None = None
 
@@ -158,8 +159,7 @@ def parse_channel(data: bytes | None) -> dict[str, dict[str, Any]]:
 class Verifier:
     """Scores completions against tasks through a sandbox runner (``SandboxPool.run`` fits).
 
-    ``comparison`` overrides each task's own comparison settings; ``retries`` is how many times a
-    run that failed with ``sandbox_error`` is repeated; ``max_run_s`` caps one run's wall time;
+    ``comparison`` overrides each task's own comparison settings; ``max_run_s`` caps one run's wall time;
     ``time_scale`` multiplies every per-test time limit; after ``max_timeouts`` timed-out tests the
     rest of a completion's tests are not run and count as timeouts (0: run them all).
     """
@@ -170,7 +170,6 @@ class Verifier:
         *,
         reward: RewardConfig | None = None,
         comparison: Comparison | None = None,
-        retries: int = 2,
         max_run_s: float = 120.0,
         time_scale: float = 1.0,
         max_timeouts: int = 1,
@@ -178,7 +177,6 @@ class Verifier:
         self.run = run
         self.reward = reward or RewardConfig()
         self.comparison = comparison
-        self.retries = retries
         self.max_run_s = max_run_s
         self.time_scale = time_scale
         self.max_timeouts = max_timeouts
@@ -199,15 +197,6 @@ class Verifier:
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    async def _run_retrying(self, program: Program, limits: Limits) -> tuple[ExecResult, int]:
-        attempt = 0
-        while True:
-            attempt += 1
-            r = await self.run(program, limits)
-            if r.status is not Status.SANDBOX_ERROR or attempt > self.retries:
-                return r, attempt
-            await asyncio.sleep(0.05 * attempt)
-
     async def verify(
         self, task: Task, completion: str, completion_id: str | None = None
     ) -> CompletionResult:
@@ -216,7 +205,6 @@ class Verifier:
         cmp = self.comparison or task.comparison
         asm = assemble(task, completion)
         timings: dict[str, float] = {}
-        attempts = 1
         if asm.format_error is not None:
             outcomes = [
                 TestOutcome(name=t.name, verdict=Verdict.COMPILE_ERROR, hidden=task.is_hidden(t.name),
@@ -225,9 +213,9 @@ class Verifier:
             ]
         else:
             if task.language == "python":
-                judged, attempts, timings = await self._verify_harness(task, asm.source, cmp)
+                judged, timings = await self._verify_harness(task, asm.source, cmp)
             else:
-                judged, attempts, timings = await self._verify_per_test(task, asm.source, cmp)
+                judged, timings = await self._verify_per_test(task, asm.source, cmp)
             outcomes = await self._apply_checker(task, judged)
         reward, reason = shape_reward(
             outcomes, self.reward, format_error=asm.format_error is not None
@@ -248,7 +236,6 @@ class Verifier:
             public=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in pub), total=len(pub)),
             hidden=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in hid), total=len(hid)),
             timings=timings,
-            attempts=attempts,
             assembled=asm.how,
             format_error=asm.format_error,
         )
@@ -294,7 +281,7 @@ class Verifier:
 
     async def _verify_harness(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], int, dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float]]:
         plan, limits = self._plan(task)
         program = Program(
             language="python",
@@ -302,11 +289,11 @@ class Verifier:
             stdin=json.dumps(plan, separators=(",", ":")),
             files={"solution.py": source, **_FILES},
         )
-        r, attempts = await self._run_retrying(program, limits)
+        r = await self.run(program, limits)
         records = parse_channel(r.channel)
         outcomes = [self._judge(task, t, records.get(t.name), r, cmp) for t in task.tests]
         timings = {"sandbox_wall_s": round(r.wall_time_s, 6), "sandbox_cpu_s": round(r.cpu_time_s, 6)}
-        return outcomes, attempts, timings
+        return outcomes, timings
 
     def _judge(
         self, task: Task, test: CallTest | IOTest | ScriptTest, rec: dict[str, Any] | None,
@@ -354,7 +341,7 @@ class Verifier:
 
     async def _verify_per_test(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], int, dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float]]:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
@@ -365,15 +352,15 @@ class Verifier:
             # cannot touch another's output, and the compiler runs once, not once per test.
             built = await self._compile(task.language, source, limits)
             if isinstance(built, ExecResult):
-                return self._all_failed(task, tests, built), 1, {
+                return self._all_failed(task, tests, built), {
                     "sandbox_wall_s": round(built.wall_time_s, 6)}
             language, main_source, files = "bash", "chmod +x ./main && exec ./main", {"main": built}
         runs = await asyncio.gather(*(
-            self._run_retrying(Program(language=language, source=main_source, files=files,
-                                       stdin=t.stdin), limits)
+            self.run(Program(language=language, source=main_source, files=files, stdin=t.stdin),
+                     limits)
             for t in tests))
         outcomes: list[_Judged] = []
-        for t, (r, _) in zip(tests, runs, strict=True):
+        for t, r in zip(tests, runs, strict=True):
             hidden = task.is_hidden(t.name)
 
             def out(v: Verdict, detail: str | None = None, tm: float | None = None,
@@ -391,8 +378,8 @@ class Verifier:
                 v = _missing_verdict(r)
                 detail = r.error or (r.compile.stderr[-300:] if r.compile else r.stderr[-300:])
                 outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
-        timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r, _ in runs), 6)}
-        return outcomes, max((a for _, a in runs), default=1), timings
+        timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r in runs), 6)}
+        return outcomes, timings
 
     async def _compile(self, language: str, source: str, run: Limits) -> bytes | ExecResult:
         """The compiled program, or the failed (or infrastructure-failed) compile run.
@@ -406,7 +393,7 @@ class Verifier:
         cmd = " ".join(shlex.quote(a) for a in step.argv)
         limits = Limits(time_s=run.compile_time_limit_s, memory_mb=run.compile_memory_limit_mb,
                         stdout_bytes=64 << 20, stderr_bytes=1 << 16)
-        r, _ = await self._run_retrying(
+        r = await self.run(
             Program(language="bash", source=f"exec {cmd}", files={spec.main_file: source},
                     collect=[spec.binary]), limits)
         binary = r.files.get(spec.binary)
@@ -446,7 +433,7 @@ class Verifier:
                        "answer.txt": test.expected_stdout},
                 argv=["input.txt", "output.txt", "answer.txt"],
             )
-            r, _ = await self._run_retrying(program, limits)
+            r = await self.run(program, limits)
             if r.status is Status.SANDBOX_ERROR:
                 return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
                                             "detail": f"checker: {r.error}"})

@@ -294,7 +294,7 @@ class SandboxPool:
 
         ``on_end``, if given, is called when the program's last step has ended (its processes
         are gone) and only cleanup and the result are left: a scheduler can hand the CPU on
-        then. It may be called once per attempt (a slot that breaks is retried), or never."""
+        then. It may be called at most once, or never."""
         if not self._started:
             await self.start()
         limits = limits or Limits()
@@ -309,16 +309,13 @@ class SandboxPool:
                 return await run_unisolated(program, limits, spec, self.python)
         if self._unavailable is not None:
             return ExecResult.sandbox_error(self._unavailable, isolation="unavailable")
-        # One transparent retry when a slot breaks under a run: a broken zygote is the
-        # infrastructure's fault and must not become the program's verdict.
-        for attempt in (1, 2):
-            try:
-                return await self._run_isolated(program, limits, on_end)
-            except SlotBroken as e:
-                if attempt == 2:
-                    return ExecResult.sandbox_error(f"sandbox slot failed twice: {e}",
-                                                    isolation="full")
-        raise AssertionError("unreachable")  # pragma: no cover
+        # A broken zygote is the infrastructure's fault, never the program's verdict: it is a
+        # sandbox_error, which the engine (the one owner of retries, engine/retry.py) runs again
+        # on another slot. The pool itself does not retry.
+        try:
+            return await self._run_isolated(program, limits, on_end)
+        except SlotBroken as e:
+            return ExecResult.sandbox_error(f"sandbox slot failed: {e}", isolation="full")
 
     async def run_batch(
         self, programs: Sequence[Program], limits: Limits | Sequence[Limits] | None = None
