@@ -794,6 +794,8 @@ def prepare_child(z: Zygote, opts: SpareKey) -> None:
         os.write(fd, b"1000")
     finally:
         os.close(fd)
+    # Then /proc turns read-only, so that the program cannot write 0 back (see jail.c prepare).
+    mount(None, "/proc", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
     if not z.work_opts:
