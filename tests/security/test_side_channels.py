@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 
 import pytest
 from sec_helpers import PoolInfo, attack, limits, report

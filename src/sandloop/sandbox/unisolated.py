@@ -43,7 +43,8 @@ class UnisolatedIdentity:
         if self.uid is None:
             return (f"as the caller's own user (uid {os.geteuid()}): sandloop is not root, so "
                     "it has no other uid to switch to")
-        return f"as unprivileged uid {self.uid}/gid {self.gid}, no groups (sandloop is root)"
+        return (f"as unprivileged uids from {self.uid} up (one per concurrent run, claimed per "
+                "pool), no groups: sandloop is root, so it drops root for them")
 
 
 def unisolated_identity(python: str, uid: int | None) -> UnisolatedIdentity:
@@ -59,8 +60,9 @@ def unisolated_identity(python: str, uid: int | None) -> UnisolatedIdentity:
     except (OSError, subprocess.SubprocessError) as e:
         error = (f"the interpreter {python} does not run as uid {uid}, the unprivileged user "
                  f"isolation='none' runs programs as ({e}); it probably lives in a directory "
-                 "other users cannot enter (/root is 0700): pass python= an interpreter "
-                 "installed for all users (e.g. /usr/bin/python3), or use full isolation")
+                 "other users cannot enter (/root is 0700): pass python= (or set SANDLOOP_PYTHON "
+                 "to) an interpreter installed for all users (e.g. /usr/bin/python3), or use "
+                 "full isolation")
     return UnisolatedIdentity(uid, uid, error)
 
 
