@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,11 @@ def test_doctor_json() -> None:
     assert {"namespaces", "uid_drop", "seccomp", "cgroups"} <= names
     assert rep["languages"]["python"] == "ok"
     assert rep["child_setup"] in ("c", "python") and rep["child_setup_detail"]
+    # --no-isolation never runs programs as root (as root it switches to a uid of its own).
+    none_as = rep["unisolated_identity"]
+    assert none_as["uid"] != 0 and none_as["detail"]
+    if os.geteuid() == 0:
+        assert none_as["uid"] is not None and "drops root" in none_as["detail"]
 
 
 def test_exec_json(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -14,10 +15,60 @@ from sandloop.engine import Engine, LocalBackend
 from sandloop.sandbox import host
 
 
+def _python_for_all() -> str:
+    """An interpreter other users can run: unisolated runs are not root (see unisolated.py)."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
 async def test_unisolated_opt_out_is_labelled() -> None:
-    async with SandboxPool(1, isolation="none") as pool:
+    async with SandboxPool(1, isolation="none", python=_python_for_all()) as pool:
         r = await pool.run(Program(source="print(6*7)"), Limits(time_s=5))
     assert r.status is Status.OK and r.stdout == "42\n" and r.isolation == "none"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
+async def test_unisolated_runs_are_not_root() -> None:
+    src = "import os; print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())"
+    async with SandboxPool(2, isolation="none", python=_python_for_all()) as pool:
+        assert pool.unisolated is not None and pool.unisolated.uid is not None
+        a, b = await pool.run_batch([Program(source=src), Program(source=src)])
+        sh = await pool.run(Program(language="bash", source="id -u; touch /etc/sbx-none-probe"))
+    for r in (a, b):
+        uid, euid, gid, groups = r.stdout.split(maxsplit=3)
+        assert uid == euid == gid != "0" and groups.strip() == "[]", r.stdout
+        assert pool.uid_base <= int(uid) < pool.uid_base + 2
+    assert sh.stdout.split()[0] != "0" and "Permission denied" in sh.stderr
+    assert not os.path.exists("/etc/sbx-none-probe")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
+async def test_unisolated_interpreter_other_users_cannot_run(tmp_path: Path) -> None:
+    # A runtime in a directory only root may enter (a venv under /root here): the unprivileged
+    # run cannot start it, and says so rather than fall back to root.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "python3").symlink_to(_python_for_all())
+    async with SandboxPool(1, isolation="none", python=str(private / "python3")) as pool:
+        r = await pool.run(Program(source="print(1)"))
+        sh = await pool.run(Program(language="bash", source="echo fine"))
+    assert r.status is Status.SANDBOX_ERROR and r.error is not None
+    assert "does not run as uid" in r.error and "python=" in r.error, r.error
+    assert sh.status is Status.OK and sh.stdout == "fine\n"  # needs no interpreter of ours
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
+async def test_unisolated_collect_does_not_follow_planted_links() -> None:
+    # The supervisor (root) reads collected files back from a directory the program (not root)
+    # owns: a symlink or a hard link to a root-only file must not be read for it.
+    src = ("import os\n"
+           "os.symlink('/etc/shadow', 'link.txt')\n"
+           "os.mkdir('d'); os.symlink('/etc', 'd/etc')\n"
+           "open('ok.txt', 'w').write('mine')\n")
+    async with SandboxPool(1, isolation="none", python=_python_for_all()) as pool:
+        r = await pool.run(Program(source=src, collect=["link.txt", "d/etc/shadow", "ok.txt"]))
+    assert r.status is Status.OK, r.stderr
+    assert r.files == {"ok.txt": b"mine"}
+    assert sorted(r.missing_files) == ["d/etc/shadow", "link.txt"]
 
 
 async def test_missing_feature_gives_sandbox_error_injected(monkeypatch: pytest.MonkeyPatch) -> None:

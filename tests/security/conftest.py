@@ -17,7 +17,10 @@ Every attack runs through the real sandbox (``SandboxPool``, full isolation). Ar
 * the loopback TCP listener, the abstract and the path unix listeners never connected to;
 * the host "service" process (which holds a secret in its environment) still alive;
 * every zygote still alive with the same pid and its slot not broken;
-* no marker file the attacks try to drop on the host.
+* no marker file the attacks try to drop on the host;
+* no host-global state changed (``host_global_state``: hostname, domainname and every other
+  sysctl, network interfaces and routes, kernel modules, /etc files naming the host), checked
+  after every test and once more after the pool closed, which fails the session.
 
 Demonstrations that an attack *does* work without the defence use ``SandboxPool(isolation="none")``
 and their own listeners/decoys, so the audited sentinels stay untouched.
@@ -25,6 +28,7 @@ and their own listeners/decoys, so the audited sentinels stay untouched.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -43,12 +47,16 @@ from sec_helpers import (
     _pool_owner_pid,
     _read,
     cgroup_procs,
+    host_global_state,
     host_markers,
+    host_state_changes,
     leftover_work_files,
     mount_table,
     proc_info,
     procs_of_uids,
     sandloop_cgroups,
+    stable_keys,
+    unisolated_pool,
     wait_no_slot_procs,
 )
 
@@ -105,6 +113,10 @@ async def sandbox(host_world: HostWorld) -> AsyncIterator[PoolInfo]:
         pytest.skip("the adversarial suite needs root (full isolation)")
     host_mounts = mount_table()
     proc_mounts = _read("/proc/mounts")
+    # Taken twice: what moved in between moves by itself and is not compared.
+    first = host_global_state()
+    await asyncio.sleep(0.2)
+    host_state = stable_keys(first, host_global_state())
     # Pools other test modules of this session still hold (session-scoped) are not strays.
     preexisting = {g for groups in sandloop_cgroups().values() for g in groups}
     pool = SandboxPool(SLOTS)
@@ -116,10 +128,11 @@ async def sandbox(host_world: HostWorld) -> AsyncIterator[PoolInfo]:
     warm = await pool.run_batch([Program(source="pass")] * SLOTS)
     assert all(r.status is Status.OK for r in warm), warm
     info = PoolInfo(
-        pool=pool, unisolated=SandboxPool(SLOTS, isolation="none"),
+        pool=pool, unisolated=await unisolated_pool(SLOTS),
         uids={pool.uid_base + i for i in range(SLOTS)}, zygotes=zygotes,
         zygote_mounts={i: mount_table(str(pid)) for i, pid in zygotes.items()},
         host_mounts=host_mounts, host_proc_mounts=proc_mounts, preexisting=preexisting,
+        host_state=host_state,
     )
     ours = {s.name for s in slots}
     try:
@@ -136,6 +149,8 @@ async def sandbox(host_world: HostWorld) -> AsyncIterator[PoolInfo]:
     assert mount_table() == host_mounts
     for s in slots:
         assert not s.base.exists(), f"slot dir {s.base} outlived the pool"
+    changed = host_state_changes(host_state, host_global_state())
+    assert not changed, "the suite changed host-global state:\n  " + "\n  ".join(changed)
 
 
 @pytest.fixture(autouse=True)
@@ -214,6 +229,9 @@ def host_audit(sandbox: PoolInfo, host_world: HostWorld) -> Iterator[None]:
             problems.append(f"the host {what} listener received {lst.accepted} connection(s)")
     if host_world.service.poll() is not None:
         problems.append("the host service process was killed")
+    changed = host_state_changes(sandbox.host_state, host_global_state())
+    if changed:
+        problems.append("host-global state changed: " + "; ".join(changed))
     new_markers = sorted(set(host_markers()) - set(before_markers))
     if new_markers:
         problems.append(f"attack files appeared on the host: {new_markers}")

@@ -224,6 +224,62 @@ def host_markers() -> list[str]:
     return hits
 
 
+# Host-global state no test may change: every sysctl of the host (hostname and domainname are
+# kernel.hostname and kernel.domainname), its network interfaces and routes, its loaded kernel
+# modules and the /etc files that name it. Counters that move on their own are left out.
+SYSCTL_TREES = ("kernel", "net", "vm", "fs", "user", "abi", "dev", "debug")
+VOLATILE_SYSCTLS = frozenset({
+    "kernel/ns_last_pid", "kernel/random/uuid", "kernel/random/entropy_avail", "kernel/pty/nr",
+    "fs/dentry-state", "fs/file-nr", "fs/inode-nr", "fs/inode-state", "fs/aio-nr",
+    "fs/dquot-nr", "net/netfilter/nf_conntrack_count",
+})
+HOST_FILES = ("/etc/hostname", "/etc/hosts", "/etc/passwd", "/etc/group", "/etc/shadow",
+              "/etc/resolv.conf", "/proc/net/route", "/proc/net/ipv6_route")
+
+
+def host_global_state() -> dict[str, str]:
+    """A snapshot of host-global state, key -> value (see VOLATILE_SYSCTLS for what is left out;
+    ``stable_keys`` drops what else moved by itself)."""
+    out: dict[str, str] = {}
+    for top in SYSCTL_TREES:
+        for dirpath, _dirs, files in os.walk(f"/proc/sys/{top}"):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                key = path.removeprefix("/proc/sys/")
+                if key in VOLATILE_SYSCTLS:
+                    continue
+                try:
+                    with open(path, "rb") as f:
+                        out["sysctl " + key] = f.read(8192).decode(errors="replace").strip()
+                except OSError:
+                    continue
+    uname = os.uname()
+    out["uname nodename"] = uname.nodename
+    for path in HOST_FILES:
+        with contextlib.suppress(OSError):
+            out["file " + path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with contextlib.suppress(OSError):
+        for iface in sorted(os.listdir("/sys/class/net")):
+            for attr in ("flags", "mtu", "address", "operstate"):
+                with contextlib.suppress(OSError):
+                    out[f"net {iface} {attr}"] = _read(f"/sys/class/net/{iface}/{attr}").strip()
+    with contextlib.suppress(OSError):
+        out["kernel modules"] = " ".join(sorted(ln.split()[0] for ln in
+                                                _read("/proc/modules").splitlines() if ln))
+    return out
+
+
+def stable_keys(first: dict[str, str], again: dict[str, str]) -> dict[str, str]:
+    """``first`` without the keys that changed by themselves until ``again`` was taken."""
+    return {k: v for k, v in first.items() if again.get(k) == v}
+
+
+def host_state_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
+    """What changed since ``before`` (only its keys: a volatile entry was dropped from it)."""
+    return [f"{k}: {before[k]!r} -> {now.get(k, '<gone>')!r}"
+            for k in sorted(before) if now.get(k) != before[k]]
+
+
 # -- the pool ----------------------------------------------------------------------------------
 
 
@@ -237,6 +293,22 @@ class PoolInfo:
     host_mounts: list[str]
     host_proc_mounts: str
     preexisting: set[str]  # sandloop cgroups that existed before this suite's pool
+    host_state: dict[str, str] = field(default_factory=dict)  # host_global_state() before
+
+
+async def unisolated_pool(slots: int) -> SandboxPool:
+    """The opt-out pool of the demonstrations. As root it runs programs as an unprivileged uid,
+    which must be able to run the pool's interpreter: one under /root (mode 0700, as the
+    project's venv here) cannot, so the system's python3 (stdlib only) is used then."""
+    pool = SandboxPool(slots, isolation="none")
+    await pool.start()
+    if pool.unisolated is not None and pool.unisolated.python_error and \
+            os.path.exists("/usr/bin/python3"):
+        await pool.close()
+        pool = SandboxPool(slots, isolation="none", python="/usr/bin/python3")
+        await pool.start()
+    assert pool.unisolated is not None and not pool.unisolated.python_error, pool.unisolated
+    return pool
 
 
 # -- the audit around every test ---------------------------------------------------------------

@@ -20,8 +20,10 @@ from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
 from sandloop.sandbox.languages import LanguageUnavailable, spec_for
 from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
-from sandloop.sandbox.pool import SandboxPool
+from sandloop.sandbox.pool import DEFAULT_UID_BASE, SandboxPool
 from sandloop.sandbox.requests import BatchRequestError, ExecRequest, read_requests
+from sandloop.sandbox.slot import default_python
+from sandloop.sandbox.unisolated import unisolated_identity
 
 app = typer.Typer(
     help="sandloop: isolated, fast execution and trustworthy rewards for RL post-training.",
@@ -66,6 +68,9 @@ def doctor(
             langs[lang] = str(e)
     slots = os.cpu_count() or 1
     jail = build_jail()
+    # Who --no-isolation runs programs as: never root (see sandbox/unisolated.py).
+    none_as = unisolated_identity(default_python(),
+                                  DEFAULT_UID_BASE if os.geteuid() == 0 else None)
     if as_json:
         print(json.dumps({
             "level": report.level,
@@ -76,6 +81,8 @@ def doctor(
             "default_slots": slots,
             "child_setup": "c" if jail.path else "python",
             "child_setup_detail": jail.detail,
+            "unisolated_identity": {"uid": none_as.uid, "detail": none_as.describe(),
+                                    "python_error": none_as.python_error},
         }))
         raise typer.Exit(0 if report.full else 1)
     out = Console()
@@ -103,6 +110,9 @@ def doctor(
         out.print("[bold red]exec will refuse to run untrusted code[/] (every run is a "
                   "sandbox_error) until the missing features are fixed, unless you pass "
                   "--no-isolation.")
+    out.print(f"--no-isolation runs programs {none_as.describe()}"
+              + (f"\n[red]but Python programs cannot run then:[/] {none_as.python_error}"
+                 if none_as.python_error else ""))
     raise typer.Exit(0 if report.full else 1)
 
 

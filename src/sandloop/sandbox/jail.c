@@ -308,6 +308,12 @@ static void prepare(const struct sl_child *c)
     CHECK(fd, "SetupError: oom_score_adj: %s", strerror(errno));
     CHECK(write(fd, "1000", 4), "SetupError: oom_score_adj: %s", strerror(errno));
     close(fd);
+    /* Then /proc turns read-only: an exec'd program is dumpable again and owns its /proc files,
+     * and without CAP_SYS_RESOURCE when the 1000 was written (container hosts lack it) nothing
+     * pins it there: the program could write 0 back and let the host's OOM killer pick a host
+     * process instead. A read-only mount refuses every write under /proc (EROFS). */
+    CHECK(mount(NULL, "/proc", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                NULL), "SetupError: remount /proc read-only: %s", strerror(errno));
     CHECK(sethostname("sandbox", 7), "SetupError: sethostname: %s", strerror(errno));
     loopback_up(ctl, st);
     /* Cloned while the zygote held no session dir, this child can only serve a run without

@@ -213,6 +213,12 @@ class ExecResult(BaseModel):
     files: dict[str, bytes] = Field(
         default_factory=dict, description="collected work-dir files (base64 in JSON)"
     )
+    missing_files: list[str] = Field(
+        default_factory=list,
+        description="names in Program.collect that came back absent: the program left no "
+                    "regular file there (a collection the sandbox failed to finish is a "
+                    "sandbox_error instead)",
+    )
     channel: bytes | None = Field(
         None, exclude=True, description="bytes a trusted harness wrote on the result channel"
     )

@@ -38,6 +38,11 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResul
         status = Status.TIMEOUT
     elif stats is not None and stats.oom_killed:
         status = Status.MEMORY_LIMIT
+    elif o.collect_expected and not o.collect_done and o.wait_status is not None:
+        # The trusted pid 1 died before it said the collection was complete (it ignores every
+        # signal the program could send): files may be missing through no fault of the
+        # program, so the result cannot be trusted, and is not blamed on the program either.
+        status = Status.SANDBOX_ERROR
     elif sig == signal_module.SIGXCPU or (sig == signal_module.SIGKILL and cpu > cpu_limit_s):
         status = Status.TIMEOUT
     elif exit_code == 0:
@@ -54,7 +59,11 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResul
         status = Status.RUNTIME_ERROR
     error = None
     if status is Status.SANDBOX_ERROR:
-        error = o.infra_error or f"sandbox setup failed: {o.setup_error}"
+        if o.infra_error is None and o.setup_error is None:
+            error = ("the sandbox's collector ended before it had collected the run's files "
+                     f"(wait status {o.wait_status}); the run can be retried")
+        else:
+            error = o.infra_error or f"sandbox setup failed: {o.setup_error}"
     return ExecResult(
         status=status,
         exit_code=exit_code,
@@ -69,5 +78,6 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResul
         error=error,
         isolation=isolation,
         files=o.files,
+        missing_files=o.missing_files,
         channel=o.channel or None,
     )

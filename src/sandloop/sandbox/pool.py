@@ -40,7 +40,7 @@ from sandloop.sandbox.slot import (
     StepOutcome,
     default_python,
 )
-from sandloop.sandbox.unisolated import run_unisolated
+from sandloop.sandbox.unisolated import UnisolatedIdentity, run_unisolated, unisolated_identity
 
 ISOLATION_LEVELS = ("full", "none")
 _TOUCH = Step("exec", ("/bin/true",))  # a no-op program: files are written, or collected, around it
@@ -217,6 +217,9 @@ class SandboxPool:
         self._config: SlotConfig | None = None
         self._started = False
         self._unisolated_sem: asyncio.Semaphore | None = None
+        # isolation="none" as root: the unprivileged uids its runs take (one per concurrent run).
+        self._unisolated_uids: asyncio.Queue[int | None] | None = None
+        self.unisolated: UnisolatedIdentity | None = None
         self._uid_lock: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -225,7 +228,7 @@ class SandboxPool:
             return
         self._started = True
         if self.isolation == "none":
-            self._unisolated_sem = asyncio.Semaphore(self.size)
+            await self._start_unisolated()
             return
         self.report = await asyncio.get_running_loop().run_in_executor(None, host.probe)
         if not self.report.full:
@@ -254,6 +257,23 @@ class SandboxPool:
         self._free = _SlotHandout(self._slots)
         if self.max_size > self.size:
             self._shrinker = asyncio.create_task(self._shrink_idle())
+
+    async def _start_unisolated(self) -> None:
+        """Never root, even unisolated: as root, claim a uid range as full isolation does and
+        give each concurrent run its own uid (its leftovers are killed by uid after it)."""
+        self._unisolated_sem = asyncio.Semaphore(self.size)
+        self._unisolated_uids = asyncio.Queue()
+        if os.geteuid() != 0:
+            self.unisolated = UnisolatedIdentity(None, None)
+            for _ in range(self.size):
+                self._unisolated_uids.put_nowait(None)
+            return
+        self._uid_lock, self.uid_base = _claim_uid_range(host.run_base_dir(), self.uid_base,
+                                                         self.size)
+        for i in range(self.size):
+            self._unisolated_uids.put_nowait(self.uid_base + i)
+        self.unisolated = await asyncio.get_running_loop().run_in_executor(
+            None, unisolated_identity, self.python, self.uid_base)
 
     async def close(self) -> None:
         if self._shrinker is not None:
@@ -305,8 +325,15 @@ class SandboxPool:
             return ExecResult.sandbox_error(str(e), isolation=self.isolation_level)
         if self.isolation == "none":
             assert self._unisolated_sem is not None
+            assert self._unisolated_uids is not None and self.unisolated is not None
             async with self._unisolated_sem:
-                return await run_unisolated(program, limits, spec, self.python)
+                uid = self._unisolated_uids.get_nowait()  # one per run the semaphore admits
+                try:
+                    who = UnisolatedIdentity(uid, uid, self.unisolated.python_error)
+                    return await run_unisolated(program, limits, spec, self.python,
+                                                who if uid is not None else self.unisolated)
+                finally:
+                    self._unisolated_uids.put_nowait(uid)
         if self._unavailable is not None:
             return ExecResult.sandbox_error(self._unavailable, isolation="unavailable")
         # A broken zygote is the infrastructure's fault, never the program's verdict: it is a
@@ -538,7 +565,7 @@ class SandboxPool:
                 compile_result = compile_result.model_copy(update={
                     "status": Status.RUNTIME_ERROR,
                     "stderr": compile_result.stderr + "\nthe compiler produced no program\n"})
-            compile_result = compile_result.model_copy(update={"files": {}})
+            compile_result = compile_result.model_copy(update={"files": {}, "missing_files": []})
             if compile_result.status is not Status.OK or binary is None:
                 status = (Status.SANDBOX_ERROR if compile_result.status is Status.SANDBOX_ERROR
                           else Status.COMPILE_ERROR)

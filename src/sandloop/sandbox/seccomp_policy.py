@@ -36,6 +36,14 @@ DENY_EPERM: tuple[str, ...] = (
     "mbind", "migrate_pages", "move_pages", "set_mempolicy",
 )
 
+# Syscalls that fail with ENOSYS, as on a kernel built without them (programs that can do
+# without, e.g. ``tail -f``, fall back to polling). Watching inodes is a side channel here:
+# /usr and the other runtime binds are the host's own inodes, so an inotify (or unprivileged
+# fanotify) watch on them reports every file the host and the other tenants open or run.
+DENY_ENOSYS: tuple[str, ...] = (
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+)
+
 CLONE_NEWUSER = 0x10000000
 AF_VSOCK = 40
 TIOCSTI = 0x5412
@@ -75,7 +83,7 @@ def compile_filter() -> bytes:
     f.add_rule(sc.ERRNO(errno.EPERM), "clone",
                sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
     # clone3 passes flags in memory, where BPF cannot look; ENOSYS makes libc fall back to clone.
-    _rules(f, ("clone3",), sc.ERRNO(errno.ENOSYS))
+    _rules(f, ("clone3", *DENY_ENOSYS), sc.ERRNO(errno.ENOSYS))
     # vsock reaches the hypervisor host on VMs like this one.
     f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
     # Pushing characters into a terminal's input queue (TIOCSTI) or the console (TIOCLINUX).

@@ -120,6 +120,9 @@ class StepOutcome:
     files: dict[str, bytes] = field(default_factory=dict)
     infra_error: str | None = None
     started: bool = False  # the child reported that the request reached it ("S")
+    collect_expected: bool = False  # files were to be collected: a "C" record must end them
+    collect_done: bool = False  # the trusted pid 1 finished collecting ("C")
+    missing_files: list[str] = field(default_factory=list)  # collected names that were absent
 
     @property
     def lost_before_start(self) -> bool:
@@ -534,6 +537,7 @@ class Slot:
         )
         spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
                 "collect_max": collect_max}
+        out.collect_expected = bool(collect)
         fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
         try:
             await self._run_child(limits, work, cg, fds, out)
@@ -763,6 +767,9 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
         elif kind == b"F" and len(payload) >= 2:
             (nl,) = struct.unpack_from("<H", payload)
             out.files[payload[2:2 + nl].decode(errors="replace")] = payload[2 + nl:]
+        elif kind == b"C":
+            out.collect_done = True
+            out.missing_files = [str(n) for n in json.loads(payload)]
     if program is not None and out.setup_error is None:
         out.wait_status = int(program["status"])
         out.rusage = {k: float(v) for k, v in program.items() if k != "status"}

@@ -34,6 +34,7 @@ Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM
   status pipe: records of 1 type byte + 4-byte little-endian length + payload:
       E  setup failure (child, before any untrusted code)   X  exit record (zygote, JSON)
       P  the program's wait status (trusted pid 1, JSON)    F  a collected file (name, bytes)
+      C  the collection is complete (trusted pid 1, JSON list of the names that were absent)
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ class Jail:
     def __init__(self, path: str) -> None:
         # PyDLL keeps the GIL across the call, as clone_fork needs.
         self.lib = ctypes.PyDLL(path, use_errno=True)
+        self.lib._name = "sandloop-jail"  # not the host path
         self.lib.sl_spawn.restype = ctypes.c_long
         self.lib.sl_spawn.argtypes = [ctypes.c_ulong, ctypes.POINTER(_SlChild),
                                       ctypes.POINTER(ctypes.c_int)]
@@ -373,6 +375,9 @@ class Zygote:
         umount(".", MNT_DETACH)
         os.chdir("/")
         self.root = "/"
+        # Forget the host's layout (the slot's directory, the cgroup paths, the runtime's
+        # paths): the zygote needs none of it any more, and what it holds, its children inherit.
+        self.base, self.python, self.binds, self.symlinks, self.cgroups = "", "", [], {}, []
 
     def _build_root(self) -> None:
         r = self.root
@@ -452,11 +457,7 @@ class Zygote:
         keep = self._to_c(z, jail, sock)
         code = jail.lib.sl_serve(ctypes.byref(z))
         if code == 2:  # a child prepared by the C loop, locked down with its request
-            try:
-                stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = list(z.child_fds)
-                after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
-            finally:
-                os._exit(SETUP_FAILED_EXIT)
+            _child_after_c(list(z.child_fds))
         del keep
         self._from_c(z, kept)
         if code < 0:
@@ -532,8 +533,9 @@ class Zygote:
             reply = self.handle(msg, fds)
         except Exception as e:  # reported to the supervisor, which fails the run
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        finally:
-            _close_all(fds)
+        # Not in a finally: a child unwinding from handle() (_RunProgram) may hold its own
+        # descriptors under these numbers.
+        _close_all(fds)
         out_fds = reply.pop("_fds", [])
         anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", out_fds))]
                if out_fds else [])
@@ -655,17 +657,17 @@ class Zygote:
         flags = CHILD_CLONE_FLAGS
         if self.jail is not None:
             pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
-            if pid == 0:  # isolated, requested and locked down in C; never returns
-                try:
-                    child_fds = list(self.jail.state.child_fds)
-                    stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = child_fds
-                    after_lockdown(stdin_fd, spec_fd, out_fd, err_fd, chan_fd, status_fd)
-                finally:
-                    os._exit(SETUP_FAILED_EXIT)
+            if pid == 0:  # isolated, requested and locked down in C
+                # jail.c closed both ends (their numbers may be the run's descriptors now):
+                # forget them, or unwinding (_RunProgram) would close those.
+                parent_end.detach()
+                child_end.detach()
+                _child_after_c(list(self.jail.state.child_fds))
         else:
             pid = clone_fork(flags)
         if pid == 0:
-            # The child must never return into the zygote's code, whatever happens.
+            # The child must never resume the zygote's work, whatever happens: it leaves only
+            # by _RunProgram (see there), once locked down.
             try:
                 parent_end.close()
                 try:
@@ -675,9 +677,10 @@ class Zygote:
                         child_end.send(b"E" + f"{type(e).__name__}: {e}".encode()[:4000])
                     os._exit(SETUP_FAILED_EXIT)
                 child_end.send(b"R")
-                serve_one(self, child_end, key)
-            finally:
+                run = serve_one(self, child_end, key)
+            except BaseException:
                 os._exit(SETUP_FAILED_EXIT)
+            raise _RunProgram(run)
         child_end.close()
         try:
             pidfd = os.pidfd_open(pid)
@@ -794,6 +797,8 @@ def prepare_child(z: Zygote, opts: SpareKey) -> None:
         os.write(fd, b"1000")
     finally:
         os.close(fd)
+    # Then /proc turns read-only, so that the program cannot write 0 back (see jail.c prepare).
+    mount(None, "/proc", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     loopback_up()
     if not z.work_opts:
@@ -847,8 +852,8 @@ def drop_privileges(z: Zygote) -> None:
         load_seccomp(z.bpf)
 
 
-def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
-    """Receive the one request, lock down, then become (or supervise) the program."""
+def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> ProgramRun:
+    """Receive the one request and lock down; return what runs the program (see _RunProgram)."""
     while True:
         try:
             msg, fds = recv_raw(ctl)
@@ -874,7 +879,7 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> None:
         os.close(files_fd)
     except BaseException as e:
         _setup_failed(status_fd, e)
-    run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
+    return (stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
 
 
 def _setup_failed(status_fd: int, e: BaseException) -> NoReturn:
@@ -897,15 +902,57 @@ def read_spec(spec_fd: int) -> tuple[list[tuple[int, int]], dict[str, Any]]:
     return rlimits, json.loads(data[8 + 12 * n:])
 
 
-def after_lockdown(stdin_fd: int, spec_fd: int, out_fd: int, err_fd: int, chan_fd: int,
-                   status_fd: int) -> None:
-    """After jail.c: read the spec (jail.c used only its rlimits), then run the program."""
+ProgramRun = tuple[int, dict[str, Any], int, int, int, int]  # run_locked_down's arguments
+
+
+class _RunProgram(BaseException):
+    """Raised in a locked-down child to unwind every frame of the zygote before the program
+    starts (``main`` catches it and returns ``run`` to ``BOOTSTRAP``, which calls
+    ``program_entry``). A Python program runs in this process: from its first frame,
+    ``sys._getframe().f_back`` would otherwise walk up into the zygote's frames and reach its
+    state (the slot's host directory, its host cgroup paths, the jail
+    library's path), which is the host layout the mount and cgroup namespaces hide.
+
+    The frames it unwinds must not clean up (no ``finally`` or ``with`` between ``main`` and
+    a ``spawn``): in the child, their descriptors' numbers may be the child's own by now.
+    """
+
+    def __init__(self, run: ProgramRun) -> None:
+        super().__init__()
+        self.run = run
+
+
+def _child_after_c(child_fds: list[int]) -> NoReturn:
+    """A child that jail.c locked down, with its request: read the spec (jail.c used only its
+    rlimits), then unwind (_RunProgram). Any failure ends the child, never the zygote's loop."""
     try:
-        _, spec = read_spec(spec_fd)
-        os.close(spec_fd)
-    except BaseException as e:
-        _setup_failed(status_fd, e)
-    run_locked_down(stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
+        stdin_fd, _, spec_fd, out_fd, err_fd, chan_fd, status_fd = child_fds
+        try:
+            _, spec = read_spec(spec_fd)
+            os.close(spec_fd)
+        except BaseException as e:
+            _setup_failed(status_fd, e)
+        run: ProgramRun = (stdin_fd, spec, out_fd, err_fd, chan_fd, status_fd)
+    except BaseException:
+        os._exit(SETUP_FAILED_EXIT)
+    raise _RunProgram(run)
+
+
+def program_entry(run: ProgramRun) -> NoReturn:
+    """The child's life after the zygote's frames are gone (BOOTSTRAP calls it): forget what
+    is left of the zygote that names host paths, then become or run the program."""
+    try:
+        sys.modules.pop(__name__, None)
+        # The command line the zygote was started with names this file on the host.
+        sys.argv = [""]
+        if hasattr(sys, "orig_argv"):
+            sys.orig_argv = [sys.executable]
+        # No gc.collect() here (~0.25 ms of copy-on-write faults per run): the cycles the
+        # unwinding leaves (the jail's ctypes handle and types) name nothing of the host (see
+        # Jail and Zygote.setup), and the program's first collection takes them.
+        run_locked_down(*run)
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
 
 
 def run_locked_down(stdin_fd: int, spec: dict[str, Any], out_fd: int, err_fd: int, chan_fd: int,
@@ -915,10 +962,16 @@ def run_locked_down(stdin_fd: int, spec: dict[str, Any], out_fd: int, err_fd: in
     if collect:
         # Stay as a trusted pid 1: fork the program, report its status and collect its files
         # (inside the jail, as the slot user, so the files cannot point at anything of the host).
+        # The program runs as the same uid and can signal pid 1: every signal stays blocked
+        # across the fork, until pid 1 ignores them all (see _ignore_signals).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
         pid = os.fork()
         if pid == 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(status_fd)
             _become_program(stdin_fd, out_fd, err_fd, chan_fd, spec)
+        _ignore_signals()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in (stdin_fd, out_fd, err_fd, chan_fd):
             os.close(fd)
         _supervise_and_collect(pid, status_fd, collect, int(spec.get("collect_max", 1 << 20)))
@@ -947,8 +1000,26 @@ def _become_program(stdin_fd: int, out_fd: int, err_fd: int, chan_fd: int,
     run_python(run["path"], run["argv"], env)
 
 
+_BLOCKABLE = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def _ignore_signals() -> None:
+    """Make the collecting pid 1 deaf to the program, which runs as the same uid in its pid
+    namespace. The kernel already drops a signal sent to a namespace's init from inside unless
+    init handles it, but this process is a fork of the interpreter and handles SIGINT
+    (KeyboardInterrupt): one ``kill(1, SIGINT)`` from the program interrupted the collection, and
+    a file the caller asked for was silently missing. SIGCHLD keeps its default: ignoring it
+    would make the kernel reap the program before pid 1 could read its status."""
+    for sig in _BLOCKABLE - {signal.SIGCHLD}:
+        with contextlib.suppress(OSError, ValueError):  # glibc's reserved real-time signals
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def _supervise_and_collect(pid: int, status_fd: int, collect: list[str], cap: int) -> None:
-    """pid 1's loop: wait for the program (reaping orphans), then report status and files."""
+    """pid 1's loop: wait for the program (reaping orphans), then report status and files,
+    and last a ``C`` record naming the files that were not there: without it the supervisor
+    knows the collection did not finish and says so (a sandbox_error), rather than return a
+    result that silently lacks a file."""
     while True:
         try:
             got, status, ru = os.wait4(-1, 0)
@@ -960,11 +1031,15 @@ def _supervise_and_collect(pid: int, status_fd: int, collect: list[str], cap: in
             break
     rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
     write_record(status_fd, b"P", json.dumps(rec).encode())
+    missing = []
     for name in collect:
         data = _read_collected(name, cap)
-        if data is not None:
+        if data is None:
+            missing.append(name)
+        else:
             raw = name.encode()
             write_record(status_fd, b"F", struct.pack("<H", len(raw)) + raw + data)
+    write_record(status_fd, b"C", json.dumps(missing).encode())
     os._exit(0)
 
 
@@ -1184,7 +1259,9 @@ def recv_raw(sock: socket.socket, size: int = 4096) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def main() -> None:
+def main() -> ProgramRun | None:
+    """The zygote: returns when the supervisor hangs up (None), or in a locked-down child
+    (what runs its program: see _RunProgram)."""
     # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
     config = json.loads(sys.stdin.buffer.read())
     os.environ.pop("LD_BIND_NOW", None)  # it did its work at start-up; runs do not inherit it
@@ -1202,27 +1279,43 @@ def main() -> None:
         z.setup()
     except Exception as e:
         sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())
-        return
+        return None
+    del config  # the host's paths (see Zygote.setup)
     # Give back the heap's free pages (what compiling and importing left): every child would
     # otherwise inherit them, resident, like live memory. glibc only; elsewhere a no-op.
     with contextlib.suppress(AttributeError):
         _libc.malloc_trim(0)
     sock.send(json.dumps({"ok": True, "pid": os.getpid()}).encode())
-    z.serve(sock)
+    try:
+        z.serve(sock)
+    except _RunProgram as e:  # only ever in a child: see _RunProgram
+        return e.run
+    return None
 
 
 # How the supervisor starts a zygote: ``python -I -c BOOTSTRAP <socket fd> <this file>``. Not as
 # ``python zygote.py``: a script's syntax tree stays alive while its top-level code runs, and
 # main() never returns, so every child would inherit ~2 MiB of it, copying its page tables at
 # fork and unmapping them at exit. Imported as a module (from its cached bytecode when there is
-# one), nothing of the compilation stays.
+# one), nothing of the compilation stays. Its code objects are renamed "<sandloop zygote>": a
+# program that finds one (a frame, a function) must not learn where sandloop lives on the host.
+# In a child, main() returns once the zygote's frames are gone (_RunProgram): the program then
+# runs under one frame of the zygote's, this one, whose globals hold only what runs it.
 BOOTSTRAP = (
-    "import sys\n"
-    "from importlib.machinery import SourceFileLoader\n"
-    "from types import ModuleType\n"
-    "loader = SourceFileLoader('sandloop_zygote', sys.argv[2])\n"
-    "zygote = sys.modules[loader.name] = ModuleType(loader.name)\n"
-    "zygote.__file__ = sys.argv[2]\n"
-    "loader.exec_module(zygote)\n"
-    "zygote.main()\n"
+    "def _zygote():\n"
+    "    import sys\n"
+    "    from importlib.machinery import SourceFileLoader\n"
+    "    from types import CodeType, ModuleType\n"
+    "    def neutral(code):\n"
+    "        consts = tuple(neutral(c) if isinstance(c, CodeType) else c\n"
+    "                       for c in code.co_consts)\n"
+    "        return code.replace(co_filename='<sandloop zygote>', co_consts=consts)\n"
+    "    loader = SourceFileLoader('sandloop_zygote', sys.argv[2])\n"
+    "    zygote = sys.modules[loader.name] = ModuleType(loader.name)\n"
+    "    exec(neutral(loader.get_code(loader.name)), zygote.__dict__)\n"
+    "    run = zygote.main()\n"
+    "    return None if run is None else (zygote.program_entry, run)\n"
+    "_zygote = _zygote()\n"
+    "if _zygote is not None:\n"
+    "    _zygote[0](_zygote[1])\n"
 )

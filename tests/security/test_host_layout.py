@@ -1,0 +1,141 @@
+"""A Python program runs in a fork of the warm zygote: nothing of the zygote that names the host's
+layout may be reachable from it (frames, globals, modules, the garbage collector's objects).
+
+The mount and cgroup namespaces hide the host's paths; the zygote knew them (its slot directory
+under /run/sandloop, its cgroup paths, the jail library in ~/.cache/sandloop, its own file), and
+before the child unwound the zygote's frames, ``sys._getframe().f_back`` reached all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from sec_helpers import PoolInfo, attack, limits, report
+
+from sandloop.sandbox import zygote as zygote_module
+from sandloop.sandbox.models import Program, Status
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# Walks every frame, the globals and locals of each, every module, __main__, sys.argv and
+# sys.orig_argv, then every object the collector knows of (frozen ones included, after
+# gc.unfreeze()), and prints where it found any of the needles it was given. The needles
+# arrive hex-encoded, and the containers holding them are skipped, so that the probe does not
+# find its own input.
+LAYOUT_PROBE = r"""
+import gc, json, sys, types
+needles = tuple(bytes.fromhex(h).decode() for h in json.loads(sys.stdin.read()))
+mine = {id(n) for n in needles}
+hits = []
+def where(s):
+    if isinstance(s, bytes):
+        s = s.decode("latin-1")
+    if not isinstance(s, str) or id(s) in mine:
+        return None
+    return next((n for n in needles if n in s), None)
+def scan(obj, path, depth=0):
+    if obj is needles or depth > 3:
+        return
+    n = where(obj)
+    if n:
+        hits.append([path, n, (obj if isinstance(obj, str) else repr(obj))[:200]])
+        return
+    if isinstance(obj, dict):
+        for k, v in list(obj.items()):
+            scan(k, path + ":key", depth + 1)
+            scan(v, f"{path}[{str(k)[:40]}]", depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(list(obj)[:10000]):
+            scan(v, f"{path}[{i}]", depth + 1)
+    elif isinstance(obj, types.FunctionType):
+        scan(obj.__code__.co_filename, path + ".co_filename", depth + 1)
+    elif isinstance(obj, types.CodeType):
+        scan(obj.co_filename, path + ".co_filename", depth + 1)
+    elif isinstance(obj, types.ModuleType):
+        scan(getattr(obj, "__file__", None), path + ".__file__", depth + 1)
+f = sys._getframe()
+i = 0
+while f is not None:
+    scan(f.f_code.co_filename, f"frame{i}.co_filename")
+    scan(f.f_locals, f"frame{i}.f_locals")
+    scan(f.f_globals, f"frame{i}.f_globals")
+    f = f.f_back
+    i += 1
+scan(dict(sys.modules), "sys.modules")
+scan(vars(sys.modules["__main__"]), "__main__")
+scan(sys.argv, "sys.argv")
+scan(getattr(sys, "orig_argv", []), "sys.orig_argv")
+scan(dict(__import__("os").environ), "os.environ")
+gc.unfreeze()
+objs = gc.get_objects()
+for j, o in enumerate(objs):
+    if o is objs or o is hits:
+        continue
+    if isinstance(o, dict):
+        scan(o, f"gc[{type(o).__name__}]", 2)
+    elif isinstance(o, (list, tuple, set, frozenset)):
+        scan(o, f"gc[{type(o).__name__}]", 2)
+    elif isinstance(o, (types.FunctionType, types.ModuleType, types.CodeType)):
+        scan(o, f"gc[{type(o).__name__}]", 2)
+    elif isinstance(o, type):
+        pass
+    else:
+        d = getattr(o, "__dict__", None)
+        if isinstance(d, dict):
+            scan(d, f"gc[{type(o).__name__}].__dict__", 2)
+print(json.dumps({"frames": i, "hits": hits[:50], "objects": len(objs)}))
+"""
+
+
+def _needles(sandbox: PoolInfo) -> list[str]:
+    pool = sandbox.pool
+    slot = pool._slots[0]
+    assert slot.cg is not None
+    found = [
+        str(slot.config.base_dir),  # /run/sandloop (or its fallback)
+        str(slot.base),  # the slot's own directory there
+        pool.pool_id,  # names every cgroup of the pool: .../sandloop/<pool_id>-s<i>
+        os.path.dirname(slot.cg.procs_files[0]),
+        "/sys/fs/cgroup",
+        zygote_module.__file__,  # where sandloop lives on the host
+    ]
+    if pool.jail.path:  # the C helper (not with SANDLOOP_JAIL=python)
+        found += [pool.jail.path, os.path.dirname(pool.jail.path)]  # ~/.cache/sandloop/...
+    return found
+
+
+async def test_no_zygote_state_reachable_from_a_python_program(sandbox: PoolInfo) -> None:
+    needles = _needles(sandbox)
+    stdin = json.dumps([n.encode().hex() for n in needles])
+    # Twice per slot: the first run of a slot is served by the Python loop, later ones by
+    # jail.c's (two ways out of the zygote's frames); with SANDLOOP_JAIL=python, only Python.
+    for _ in range(2 * len(sandbox.pool._slots)):
+        r = await attack(sandbox.pool, LAYOUT_PROBE, stdin=stdin, lim=limits(time_s=20))
+        assert r.status is Status.OK, (r.status, r.stderr[-2000:])
+        seen = report(r)
+        assert seen["objects"] > 1000, seen  # the scan did run over the interpreter's heap
+        assert seen["hits"] == [], json.dumps(seen["hits"], indent=1)
+        # The program's frame sits on at most the bootstrap's and the few that run it.
+        assert seen["frames"] <= 7, seen["frames"]
+
+
+async def test_no_zygote_state_reachable_when_collecting(sandbox: PoolInfo) -> None:
+    # A run that collects files: the program is a fork of the trusted pid 1.
+    needles = _needles(sandbox)
+    stdin = json.dumps([n.encode().hex() for n in needles])
+    src = LAYOUT_PROBE + "open('out.txt', 'w').write('x')\n"
+    r = await sandbox.pool.run(Program(source=src, stdin=stdin, collect=["out.txt"]),
+                               limits(time_s=20))
+    assert r.status is Status.OK, (r.status, r.stderr[-2000:])
+    assert report(r)["hits"] == []
+    assert r.files == {"out.txt": b"x"}
+
+
+async def test_the_probe_finds_host_paths_it_can_reach(sandbox: PoolInfo) -> None:
+    # The probe is not blind: a needle the program itself holds in a global is found.
+    stdin = json.dumps([b"/run/sandloop-probe-check".hex()])
+    src = "KEEP = '/run/sandloop-probe-check' + ''.join(['/x'])\n" + LAYOUT_PROBE
+    seen = report(await attack(sandbox.pool, src, stdin=stdin, lim=limits(time_s=20)))
+    assert any(h[1] == "/run/sandloop-probe-check" for h in seen["hits"]), seen
