@@ -365,6 +365,10 @@ class SandboxPool:
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
         slot = await self._free.acquire(want)
+        if slot.proc is not None and slot.proc.poll() is not None:
+            # Its zygote died while idle (OOM killer, an operator): restart it before the run
+            # rather than lose the run to it. Not a retry: nothing has run yet.
+            slot.broken = True
         # Recycle a broken slot, or a worn one that holds no workspace (a restart loses them):
         # after max_runs_per_slot runs, or when the zygote's memory grew (checked every 64 runs).
         worn = slot.runs >= self.max_runs_per_slot or (
