@@ -14,6 +14,7 @@ from sandloop.engine.errors import (
     SessionExpired,
     SessionLimit,
     SessionLost,
+    WorkspaceWriteError,
 )
 from sandloop.engine.journal import Journal, JournalError, job_key
 from sandloop.engine.repeat import RepeatedResult, aggregate
@@ -45,6 +46,7 @@ __all__ = [
     "SessionLost",
     "SyncEngine",
     "SyncSession",
+    "WorkspaceWriteError",
     "aggregate",
     "job_key",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sandloop.engine.scheduling import QueueFull, ResourceTooLarge
+from sandloop.sandbox.pool import WorkspaceWriteError
 
 __all__ = [
     "DeadlineExceeded",
@@ -16,6 +17,7 @@ __all__ = [
     "SessionExpired",
     "SessionLimit",
     "SessionLost",
+    "WorkspaceWriteError",
 ]
 
 # The name the issue and the docs use for queue backpressure.

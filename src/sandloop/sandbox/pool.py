@@ -18,7 +18,14 @@ from sandloop import _aio as aio
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, build_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import (
+    ExecResult,
+    Limits,
+    Program,
+    Status,
+    check_file_names,
+    check_text,
+)
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
@@ -128,6 +135,13 @@ class Workspace:
 
 class WorkspaceLost(RuntimeError):
     """The workspace's slot was restarted (its zygote died), taking the workspace's files."""
+
+
+class WorkspaceWriteError(OSError):
+    """Files could not be written into a workspace because of what is in it: a program made
+    the path a directory, a symlink or read-only, or the files do not fit its size. The
+    caller's (or its programs') doing, not the infrastructure's: remove or rename what is in
+    the way (with a run), or write less. Files before the failing one may have been written."""
 
 
 class SandboxPool:
@@ -421,7 +435,14 @@ class SandboxPool:
             self._free.release(acquired)  # type: ignore[union-attr]
 
     async def write_files(self, ws: Workspace, files: dict[str, str | bytes]) -> None:
-        """Create or replace files in the workspace (written inside the jail, as its user)."""
+        """Create or replace files in the workspace (written inside the jail, as its user).
+
+        Raises ``ValueError`` for names that can never be written (``check_file_names``) and
+        ``WorkspaceWriteError`` when what is in the workspace is in the way."""
+        check_file_names(files)
+        for name, data in files.items():
+            if isinstance(data, str):
+                check_text(data, f"files[{name!r}]")
         packed = {name: _as_bytes(data) for name, data in files.items()}
         r = await self._in_workspace(ws, _TOUCH, ws.limits, files=packed, collect=())
         if r.status is not Status.OK:
@@ -471,6 +492,8 @@ class SandboxPool:
                 step, _step_limits(limits, compile_step=False), stdin=b"",
                 files=pack_files(files), env=sandbox_env("bash"), work=ws.id, collect=collect,
                 collect_max=limits.stdout_bytes)
+            if o.files_error is not None:
+                raise WorkspaceWriteError(f"cannot write into the workspace: {o.files_error}")
             return classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]

@@ -36,6 +36,7 @@ from sandloop.sandbox.cgroups import (
     CgroupStats,
     SharedRunDirs,
 )
+from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
 
@@ -113,6 +114,8 @@ class StepOutcome:
     wall_s: float = 0.0
     wait_status: int | None = None
     setup_error: str | None = None
+    # The run's files could not be written ("W"): the request's or an earlier program's doing.
+    files_error: str | None = None
     killed_for: str | None = None  # "wall" | "cpu" | "output"
     stats: CgroupStats | None = None
     rusage: dict[str, float] = field(default_factory=dict)
@@ -124,7 +127,8 @@ class StepOutcome:
     def lost_before_start(self) -> bool:
         """The prepared child died before the request reached it (killed while idle): the run
         never started, so its "exit" is not the program's."""
-        return self.wait_status is not None and not self.started and self.setup_error is None
+        return (self.wait_status is not None and not self.started and self.setup_error is None
+                and self.files_error is None)
 
 
 class _Capture:
@@ -523,14 +527,14 @@ class Slot:
                        files: bytes, env: dict[str, str], work: str | None,
                        collect: tuple[str, ...], collect_max: int, out: StepOutcome,
                        on_end: Callable[[], None] | None) -> None:
-        rlimits = (
+        rlimits = tuple((r, host_rlimit(r, v)) for r, v in (
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_NOFILE, limits.open_files),
             (resource.RLIMIT_FSIZE, limits.workdir_mb << 20),
             # A per-process backstop; the cgroup total is enforced from here.
             (resource.RLIMIT_CPU, math.ceil(limits.cpu_s) + 1),
             (resource.RLIMIT_STACK, min(limits.memory_bytes, 256 << 20)),
-        )
+        ))
         spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
                 "collect_max": collect_max}
         fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
@@ -753,6 +757,8 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
             out.started = True
         elif kind == b"E":
             out.setup_error = payload.decode(errors="replace")
+        elif kind == b"W":
+            out.files_error = payload.decode(errors="replace")
         elif kind == b"X":
             rec = json.loads(payload)
             out.wait_status = int(rec["status"])
@@ -762,7 +768,7 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
         elif kind == b"F" and len(payload) >= 2:
             (nl,) = struct.unpack_from("<H", payload)
             out.files[payload[2:2 + nl].decode(errors="replace")] = payload[2 + nl:]
-    if program is not None and out.setup_error is None:
+    if program is not None and out.setup_error is None and out.files_error is None:
         out.wait_status = int(program["status"])
         out.rusage = {k: float(v) for k, v in program.items() if k != "status"}
 

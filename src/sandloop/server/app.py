@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from sandloop.engine import (
     DeadlineExceeded,
@@ -29,13 +29,21 @@ from sandloop.engine import (
     SessionExpired,
     SessionLimit,
     SessionLost,
+    WorkspaceWriteError,
 )
 from sandloop.integrations.openrlhf import response_of as openrlhf_completion
 from sandloop.integrations.tasks import LabelError, resolve_task
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.reward.assemble import extract_code
 from sandloop.reward.scoring import Completion, score_all
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import (
+    ExecResult,
+    Limits,
+    Program,
+    Status,
+    check_file_names,
+    check_text,
+)
 from sandloop.sandbox.requests import ExecRequest
 from sandloop.server import sandboxfusion as sf
 from sandloop.server.auth import KeyPolicy, KeyStore, Refused
@@ -49,7 +57,9 @@ from sandloop.tasks import Task, TaskFormatError, load_tasks
 __all__ = ["create_app"]
 
 T = TypeVar("T")
-Priority = int | Literal["eval", "interactive", "train", "background"]
+# Bounded like the engine's (PRIORITY_MIN/MAX): the journal stores it as a 64-bit integer.
+Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)] | \
+    Literal["eval", "interactive", "train", "background"]
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -100,11 +110,24 @@ class SessionRunBody(BaseModel):
     limits: Limits | None = None
     timeout_s: float | None = Field(None, gt=0, le=86400)
 
+    @field_validator("command", "code", "stdin")
+    @classmethod
+    def _text(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else check_text(v, str(info.field_name))
+
 
 class FilesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     files: dict[str, str] = Field(description="path -> content")
     encoding: Literal["utf-8", "base64"] = "utf-8"
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: dict[str, str]) -> dict[str, str]:
+        check_file_names(v)  # names no work dir can hold are a 422 naming the field
+        for name, content in v.items():
+            check_text(content, f"files[{name!r}]")
+        return v
 
 
 class ReadFilesBody(BaseModel):
@@ -222,7 +245,9 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
 
     for exc_type, code in ((SessionClosed, 404), (SessionExpired, 410), (SessionLost, 410),
                            (ResourceTooLarge, 400), (LabelError, 400), (TaskFormatError, 400),
-                           (sf.SFRequestError, 400), (ValueError, 400)):
+                           (sf.SFRequestError, 400), (ValueError, 400),
+                           # What a session's programs left in its work dir is in the way.
+                           (WorkspaceWriteError, 409)):
         def make(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
             async def handler(_: Request, e: Exception) -> JSONResponse:
                 return error(code, str(e))
