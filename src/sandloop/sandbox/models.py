@@ -14,9 +14,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_serializer,
     field_validator,
-    model_validator,
 )
 
 LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
@@ -141,11 +141,19 @@ class Program(BaseModel):
 
     @field_validator("files")
     @classmethod
-    def _files(cls, v: dict[str, str | bytes]) -> dict[str, str | bytes]:
+    def _files(cls, v: dict[str, str | bytes], info: ValidationInfo) -> dict[str, str | bytes]:
         check_file_names(v)
         for name, content in v.items():
             if isinstance(content, str):
                 check_text(content, f"files[{name!r}]")
+        # The program's own file (and a compiled language's binary) is written under a fixed
+        # name; a file that needs it to be a directory could not be laid out.
+        own = OWN_FILES.get(info.data.get("language", ""), ())
+        for name in v:
+            top = name.split("/", 1)[0]
+            if "/" in name and top in own:
+                raise ValueError(f"{name!r} needs {top!r} to be a directory, but the "
+                                 f"program's own file goes there; choose another directory")
         return v
 
     @field_validator("argv")
@@ -164,18 +172,6 @@ class Program(BaseModel):
         for name in v:
             check_relative_path(name)
         return v
-
-    @model_validator(mode="after")
-    def _own_files(self) -> Program:
-        # The program's own file (and a compiled language's binary) is written under a fixed
-        # name; a file that needs it to be a directory could not be laid out.
-        own = OWN_FILES.get(self.language, ())
-        for name in self.files:
-            top = name.split("/", 1)[0]
-            if "/" in name and top in own:
-                raise ValueError(f"files: {name!r} needs {top!r} to be a directory, but the "
-                                 f"program's own file goes there; choose another directory")
-        return self
 
 
 # Work-dir names a language's own files take (sandbox/languages.py: main_file, binary).

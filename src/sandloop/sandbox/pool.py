@@ -56,6 +56,15 @@ def _as_bytes(v: str | bytes | None) -> bytes:
     return v.encode() if isinstance(v, str) else v
 
 
+def _file_op_limits(workspace: Limits) -> Limits:
+    """Limits of the no-op step that writes or reads a workspace's files. Not the session's
+    program limits: those are the program's (a session opened with ``time_s=1e-9`` or
+    ``memory_mb=8`` must not make its file operations fail as the infrastructure). Its memory
+    covers the files it writes, which its cgroup is charged for (at most the work dir)."""
+    return Limits(time_s=30, memory_mb=workspace.workdir_mb + 64, max_processes=4,
+                  workdir_mb=workspace.workdir_mb, workdir_inodes=workspace.workdir_inodes)
+
+
 def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
     if compile_step:
         return StepLimits(
@@ -444,14 +453,15 @@ class SandboxPool:
             if isinstance(data, str):
                 check_text(data, f"files[{name!r}]")
         packed = {name: _as_bytes(data) for name, data in files.items()}
-        r = await self._in_workspace(ws, _TOUCH, ws.limits, files=packed, collect=())
+        r = await self._in_workspace(ws, _TOUCH, _file_op_limits(ws.limits), files=packed,
+                                     collect=())
         if r.status is not Status.OK:
             raise OSError(f"cannot write files into the workspace: {r.error or r.stderr.strip()}")
 
     async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
                          ) -> dict[str, bytes]:
         """Regular files of the workspace (missing ones, symlinks and specials are left out)."""
-        lim = ws.limits.model_copy(update={"stdout_bytes": max_bytes})
+        lim = _file_op_limits(ws.limits).model_copy(update={"stdout_bytes": max_bytes})
         r = await self._in_workspace(ws, _TOUCH, lim, files={}, collect=tuple(paths))
         if r.status is not Status.OK:
             raise OSError(f"cannot read the workspace: {r.error or r.stderr.strip()}")

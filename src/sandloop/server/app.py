@@ -85,6 +85,11 @@ class ScoreItemBody(BaseModel):
     completion_id: str | None = None
     language: str | None = None
 
+    @field_validator("completion")
+    @classmethod
+    def _completion(cls, v: str) -> str:
+        return check_text(v, "completion")
+
 
 class ScoreBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
