@@ -41,7 +41,6 @@ from sandloop.sandbox.models import (
     Limits,
     Program,
     Status,
-    check_file_names,
     check_text,
 )
 from sandloop.sandbox.requests import ExecRequest
@@ -125,14 +124,6 @@ class FilesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     files: dict[str, str] = Field(description="path -> content")
     encoding: Literal["utf-8", "base64"] = "utf-8"
-
-    @field_validator("files")
-    @classmethod
-    def _files(cls, v: dict[str, str]) -> dict[str, str]:
-        check_file_names(v)  # names no work dir can hold are a 422 naming the field
-        for name, content in v.items():
-            check_text(content, f"files[{name!r}]")
-        return v
 
 
 class ReadFilesBody(BaseModel):
