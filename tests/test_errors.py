@@ -17,6 +17,7 @@ INTERNAL = {
     "sandloop.reward.sandbox_harness.TestTimeout",
     "sandloop.sandbox.zygote.SetupError",
     "sandloop.sandbox.zygote.SpareGone",
+    "sandloop.sandbox.zygote.FilesError",
     "sandloop.server.auth.Refused",
 }
 

@@ -18,7 +18,7 @@ PUBLIC = {
         "EngineOverloaded", "EngineStats", "IdempotencyConflict", "JobHandle", "Journal", "JournalError", "LocalBackend",
         "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "RetryPolicy", "Session",
         "SessionClosed", "SessionExpired", "SessionFull", "SessionLimit", "SessionLost", "SyncEngine",
-        "SyncSession", "aggregate", "job_key"],
+        "SyncSession", "WorkspaceWriteError", "aggregate", "job_key"],
     "sandloop.tasks": [
         "BUILTIN_SETS", "CallTest", "Checker", "Comparison", "FORMATS", "IOTest", "LabelError",
         "SCHEMA", "ScriptTest", "Task", "TaskFormatError", "TaskLimits", "Test", "detect_format",

@@ -10,7 +10,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │   ├── IsolationUnavailable         the host cannot give the isolation asked for
     │   ├── LanguageUnavailable          a language's toolchain is missing
     │   ├── WorkspaceLost                a workspace's files are gone (its slot restarted)
-    │   ├── WorkspaceFull (OSError)      files do not fit in a workspace
+    │   ├── WorkspaceWriteError (OSError)  files cannot be written into a workspace
+    │   │   └── WorkspaceFull              they do not fit in it
     │   ├── SlotBroken                   a slot's fork-server failed under a run
     │   ├── CgroupError                  cgroups cannot be set up
     │   └── BatchRequestError (InputError)  a bad line in an exec-batch file

@@ -104,3 +104,16 @@ def test_demo_batch_table() -> None:
     assert r.returncode == 0, r.stderr
     for status in ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error"):
         assert status in r.stdout
+
+
+def test_requests_the_sandbox_cannot_lay_out_are_input_errors(tmp_path: Path) -> None:
+    # Never a sandbox_error (an infrastructure failure, reward null): exit 2 naming the problem.
+    src = tmp_path / "bad.py"
+    src.write_bytes(b"print(1)\n#\xff\n")
+    r = sh("exec", "--json", str(src))
+    assert r.returncode == 2 and "not UTF-8" in " ".join(r.stderr.split()), r.stderr
+    batch = tmp_path / "b.jsonl"
+    batch.write_text(json.dumps({"source": "print(1)", "files": {"a": "1", "a/b": "2"}}) + "\n")
+    r = sh("exec-batch", str(batch))
+    said = " ".join(r.stderr.split())
+    assert r.returncode != 0 and "line 1: files" in said and "conflict" in said, r.stderr

@@ -147,9 +147,13 @@ def exec_(
         text = sys.stdin.read()
     else:
         try:
-            text = source.read_text()
+            text = source.read_text(encoding="utf-8")
         except OSError as e:
             err.print(f"[red]cannot read {source}: {e.strerror}[/]")
+            raise typer.Exit(2) from e
+        except UnicodeDecodeError as e:
+            err.print(f"[red]invalid request: {source} is not UTF-8 text (byte {e.start}); "
+                      "programs are UTF-8 source[/]")
             raise typer.Exit(2) from e
     lang = language or _EXT.get(source.suffix.lower())
     if lang is None:

@@ -16,6 +16,7 @@ from sandloop.engine.errors import (
     SessionFull,
     SessionLimit,
     SessionLost,
+    WorkspaceWriteError,
 )
 from sandloop.engine.journal import Journal, JournalError, job_key
 from sandloop.engine.repeat import RepeatedResult, aggregate
@@ -51,6 +52,7 @@ __all__ = [
     "SessionLost",
     "SyncEngine",
     "SyncSession",
+    "WorkspaceWriteError",
     "aggregate",
     "job_key",
 ]

@@ -60,8 +60,16 @@ EVAL_CPU_WEIGHT = 1000  # 10x a default run's share of a contended core
 ProgramItem = Program | tuple[Program, Limits]
 
 
+# Integer priorities are bounded: the journal stores them as SQLite integers (64-bit), and a
+# priority no store can hold must be the caller's error, not a failed job.
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+
+
 def _priority(p: int | str) -> int:
     if isinstance(p, int):
+        if not PRIORITY_MIN <= p <= PRIORITY_MAX:
+            raise ValueError(f"priority {p} is out of range; use an int from {PRIORITY_MIN} to "
+                             f"{PRIORITY_MAX} or one of {sorted(PRIORITIES)}")
         return p
     try:
         return PRIORITIES[p]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sandloop.engine.scheduling import QueueFull, ResourceTooLarge
 from sandloop.errors import EngineError, InputError
+from sandloop.sandbox.pool import WorkspaceWriteError
 
 __all__ = [
     "DeadlineExceeded",
@@ -19,6 +20,7 @@ __all__ = [
     "SessionFull",
     "SessionLimit",
     "SessionLost",
+    "WorkspaceWriteError",
 ]
 
 # The name the issue and the docs use for queue backpressure.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import resource
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,3 +169,17 @@ def run_base_dir() -> Path:
             os.chmod(p, 0o700)
             return p
     raise OSError("cannot create a run directory under /run or /tmp")
+
+
+@functools.cache
+def _hard_limit(res: int) -> int:
+    return resource.getrlimit(res)[1]
+
+
+def host_rlimit(res: int, value: int) -> int:
+    """``value`` for resource ``res``, at most the hard limit of this process (which the
+    sandbox's processes inherit, and which this host may not let them raise: that needs
+    CAP_SYS_RESOURCE). A limit the schema allows but the host cannot give (``open_files``
+    65536 under ``ulimit -Hn`` 20000) is clamped to what it gives, never a failed run."""
+    hard = _hard_limit(res)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)

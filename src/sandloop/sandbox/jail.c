@@ -59,21 +59,19 @@ struct sl_child {
 };
 
 /* Report a setup failure (before any untrusted code runs) and exit: on the control socket
- * before the request (the zygote reads it), on the status pipe after it (the supervisor). */
-static void fail(int ctl_fd, int status_fd, const char *fmt, ...)
+ * before the request (the zygote reads it), on the status pipe after it (the supervisor).
+ * kind 'E': the sandbox failed; 'W': the run's files could not be written (see file_errno). */
+static void vfail(char kind, int ctl_fd, int status_fd, const char *fmt, va_list ap)
 {
     char buf[5 + 1024];
-    va_list ap;
-    va_start(ap, fmt);
     int n = vsnprintf(buf + 5, 1024, fmt, ap);
-    va_end(ap);
     if (n < 0)
         n = 0;
     if (n > 1023)
         n = 1023;
     if (status_fd >= 0) {
-        /* a status record: 'E', u32 little-endian length, the message */
-        buf[0] = 'E';
+        /* a status record: kind, u32 little-endian length, the message */
+        buf[0] = kind;
         buf[1] = (char)(n & 0xff);
         buf[2] = (char)((n >> 8) & 0xff);
         buf[3] = 0;
@@ -87,6 +85,46 @@ static void fail(int ctl_fd, int status_fd, const char *fmt, ...)
     }
     _exit(SETUP_FAILED_EXIT);
 }
+
+static void fail(int ctl_fd, int status_fd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail('E', ctl_fd, status_fd, fmt, ap);
+    va_end(ap);
+}
+
+/* Why writing the run's files fails when the request or an earlier program of the session is
+ * to blame (too big for the work dir or its memory; a path the program made unusable): a
+ * program verdict, never an infrastructure failure. Must match zygote.FILE_ERRNOS. */
+static int file_errno(int e)
+{
+    switch (e) {
+    case ENOSPC: case EFBIG: case EDQUOT: case ENOMEM: case ENOTDIR: case EISDIR: case EEXIST:
+    case EACCES: case EPERM: case ELOOP: case EROFS: case ENAMETOOLONG: case EMLINK:
+    case ETXTBSY:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void fail_files(int status_fd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail('W', -1, status_fd, fmt, ap);
+    va_end(ap);
+}
+
+/* Writing the request's file `name` failed (errno): the program's verdict or the sandbox's. */
+#define FILE_FAIL(what, name)                                                                 \
+    do {                                                                                      \
+        int e_ = errno;                                                                       \
+        if (file_errno(e_))                                                                   \
+            fail_files(st, "cannot %s %s: %s", what, name, strerror(e_));                     \
+        fail(ctl, st, "OSError: cannot %s %s: %s", what, name, strerror(e_));                 \
+    } while (0)
 
 #define CHECK(expr, ...) do { if ((expr) < 0) fail(ctl, st, __VA_ARGS__); } while (0)
 
@@ -234,14 +272,14 @@ static void write_files(int files_fd, int ctl, int st)
         if (slash != NULL && slash != name) {
             *slash = 0;
             if (mkdirs(name, 0777) < 0)
-                fail(ctl, st, "OSError: cannot create directory %s: %s", name, strerror(errno));
+                FILE_FAIL("create directory", name);
             *slash = '/';
         }
         int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
         if (fd < 0)
-            fail(ctl, st, "OSError: cannot create %s: %s", name, strerror(errno));
+            FILE_FAIL("write", name);
         if (write_all(fd, data + pos, (size_t)dlen) < 0 || fchmod(fd, mode) < 0)
-            fail(ctl, st, "OSError: cannot write %s: %s", name, strerror(errno));
+            FILE_FAIL("write", name);
         close(fd);
         pos += (size_t)dlen;
     }
@@ -386,6 +424,14 @@ static void lock_down(const struct sl_child *c, const int *fds)
     /* Credential changes clear the parent-death signal: set it again. */
     CHECK(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "SetupError: prctl(PDEATHSIG): %s", strerror(errno));
     CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "SetupError: prctl(DUMPABLE): %s", strerror(errno));
+    /* The slot user owns /sandbox: give it back its rwx if a session's earlier program took
+     * them away (chmod 000 .), or this run could not enter it and a program could make every
+     * later run of its session an infrastructure failure (see zygote._own_work_dir). */
+    struct stat wd;
+    CHECK(stat(WORK_DIR, &wd), "OSError: stat %s: %s", WORK_DIR, strerror(errno));
+    if ((wd.st_mode & 0700) != 0700)
+        CHECK(chmod(WORK_DIR, (wd.st_mode & 07777) | 0700), "OSError: chmod %s: %s", WORK_DIR,
+              strerror(errno));
     CHECK(chdir(WORK_DIR), "OSError: chdir %s: %s", WORK_DIR, strerror(errno));
     CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "SetupError: prctl(NO_NEW_PRIVS): %s", strerror(errno));
     if (c->bpf_len > 0) {

@@ -6,10 +6,18 @@ Their JSON forms are part of the public contract (DESIGN.md): fields may be adde
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
 
 LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
 _LANGUAGE_ALIASES = {
@@ -82,7 +90,11 @@ class Limits(BaseModel):
     )
     workdir_mb: int = Field(64, ge=1, le=16384, description="size of the work dir and of /tmp, MiB")
     workdir_inodes: int = Field(4096, ge=16, le=1 << 20, description="files in the work dir and /tmp")
-    open_files: int = Field(256, ge=16, le=65536, description="file descriptors per process")
+    open_files: int = Field(
+        256, ge=16, le=65536,
+        description="file descriptors per process; above the host's hard limit (ulimit -Hn of "
+        "the process that runs the sandbox), the hard limit",
+    )
     compile_time_s: float | None = Field(
         None, gt=0, le=3600,
         description="wall (and CPU) limit of the compile step; default: derived from time_s, "
@@ -160,16 +172,51 @@ class Program(BaseModel):
         description="work-dir files to read back after the run (regular files only)",
     )
 
+    # Everything below is checked here, before anything runs, so that a request the sandbox
+    # could not lay out is an input error naming the field (HTTP 422, an exec-batch line
+    # error), never a run that fails as sandbox_error: that would be read as the
+    # infrastructure's fault and excluded from training, a verdict a policy could learn to
+    # reach on purpose.
     @field_validator("language")
     @classmethod
     def _language(cls, v: str) -> str:
         return canonical_language(v)
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return check_text(v, "source")
+
+    @field_validator("stdin")
+    @classmethod
+    def _stdin(cls, v: str | bytes | None) -> str | bytes | None:
+        return check_text(v, "stdin") if isinstance(v, str) else v
+
     @field_validator("files")
     @classmethod
-    def _files(cls, v: dict[str, str | bytes]) -> dict[str, str | bytes]:
+    def _files(cls, v: dict[str, str | bytes], info: ValidationInfo) -> dict[str, str | bytes]:
+        check_file_names(v)
+        for name, content in v.items():
+            if isinstance(content, str):
+                check_text(content, f"files[{name!r}]")
+        # The program's own file (and a compiled language's binary) is written under a fixed
+        # name; a file that needs it to be a directory could not be laid out.
+        own = OWN_FILES.get(info.data.get("language", ""), ())
         for name in v:
-            check_relative_path(name)
+            top = name.split("/", 1)[0]
+            if "/" in name and top in own:
+                raise ValueError(f"{name!r} needs {top!r} to be a directory, but the "
+                                 f"program's own file goes there; choose another directory")
+        return v
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        for n, arg in enumerate(v):
+            check_text(arg, f"argv[{n}]")
+            if "\0" in arg:
+                raise ValueError(f"argv[{n}] contains a NUL byte, which no program argument "
+                                 "can hold")
         return v
 
     @field_validator("collect")
@@ -180,16 +227,64 @@ class Program(BaseModel):
         return v
 
 
+# Work-dir names a language's own files take (sandbox/languages.py: main_file, binary).
+OWN_FILES: dict[str, tuple[str, ...]] = {
+    "python": ("main.py",),
+    "c": ("main.c", "main"),
+    "cpp": ("main.cpp", "main"),
+    "javascript": ("main.js",),
+    "bash": ("main.sh",),
+}
+
+MAX_PATH_BYTES = 1024  # a whole relative path, UTF-8
+MAX_NAME_BYTES = 255  # one component (NAME_MAX of every Linux file system)
+
+
+def check_text(text: str, field: str) -> str:
+    """Reject text that cannot be encoded as UTF-8 (a lone surrogate, e.g. ``"\\udc80"`` in
+    JSON): it could never reach the program."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{field} is not valid Unicode text: {text[e.start:e.end]!r} at "
+                         f"position {e.start} is a lone surrogate; send valid UTF-8 (or bytes)"
+                         ) from None
+    return text
+
+
 def check_relative_path(name: str) -> str:
-    """Reject paths that could leave the work dir: absolute, empty, ``..`` or NUL components."""
+    """Reject paths that could leave the work dir or that no file system can hold: absolute,
+    empty, ``.``/``..``/empty components, NUL, not UTF-8, longer than 1024 bytes or with a
+    component longer than 255 bytes."""
     if not name or name.startswith("/") or "\0" in name:
-        raise ValueError(f"file name {name!r} must be a non-empty relative path")
+        raise ValueError(f"file name {name!r} must be a non-empty relative path without NUL")
+    check_text(name, f"file name {name[:40]!r}")
     parts = name.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"file name {name!r} must not contain '', '.' or '..' components")
-    if len(name) > 1024:
-        raise ValueError(f"file name {name[:40]!r}... is longer than 1024 characters")
+    if len(name.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"file name {name[:40]!r}... is longer than {MAX_PATH_BYTES} bytes")
+    for p in parts:
+        if len(p.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"file name {name[:40]!r}...: component {p[:40]!r}... is longer "
+                             f"than {MAX_NAME_BYTES} bytes")
     return name
+
+
+def check_file_names(names: Iterable[str]) -> None:
+    """Check each name (``check_relative_path``) and that they can all exist at once: no name
+    may also be another's directory (``a`` and ``a/b``)."""
+    names = list(names)
+    for name in names:
+        check_relative_path(name)
+    taken = set(names)
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in taken:
+                raise ValueError(f"files {parent!r} and {name!r} conflict: {parent!r} cannot be "
+                                 "both a file and a directory")
 
 
 class ExecResult(BaseModel):

@@ -30,8 +30,18 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResul
     cpu = stats.cpu_s if stats else o.rusage.get("utime", 0.0) + o.rusage.get("stime", 0.0)
     peak = (stats.peak_memory_bytes if stats else int(o.rusage.get("maxrss_kb", 0)) * 1024) / (1 << 20)
 
+    stderr = _text(o.stderr)
     if o.infra_error is not None or o.setup_error is not None:
         status = Status.SANDBOX_ERROR
+    elif o.files_error is not None:
+        # The run's files could not be written: they do not fit its work dir, or an earlier
+        # program of the session made the path unusable (a directory where a file goes, a
+        # read-only directory). The request's or the program's doing, never the
+        # infrastructure's: a verdict, so that no program can turn its run into a
+        # sandbox_error (excluded from training) on purpose.
+        status = Status.RUNTIME_ERROR
+        exit_code = None
+        stderr = f"sandloop: the run's files could not be written: {o.files_error}\n"
     elif o.killed_for == "output":
         status = Status.OUTPUT_LIMIT
     elif o.killed_for in ("wall", "cpu"):
@@ -69,7 +79,7 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResul
         exit_code=exit_code,
         signal=sig,
         stdout=_text(o.stdout),
-        stderr=_text(o.stderr),
+        stderr=stderr,
         stdout_truncated=o.stdout_truncated,
         stderr_truncated=o.stderr_truncated,
         wall_time_s=round(o.wall_s, 6),

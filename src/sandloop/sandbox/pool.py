@@ -25,6 +25,8 @@ from sandloop.sandbox.models import (
     Limits,
     Program,
     Status,
+    check_file_names,
+    check_text,
     with_compile_limit_note,
 )
 from sandloop.sandbox.outcome import classify
@@ -55,6 +57,15 @@ def _as_bytes(v: str | bytes | None) -> bytes:
     if v is None:
         return b""
     return v.encode() if isinstance(v, str) else v
+
+
+def _file_op_limits(workspace: Limits) -> Limits:
+    """Limits of the no-op step that writes or reads a workspace's files. Not the session's
+    program limits: those are the program's (a session opened with ``time_s=1e-9`` or
+    ``memory_mb=8`` must not make its file operations fail as the infrastructure). Its memory
+    covers the files it writes, which its cgroup is charged for (at most the work dir)."""
+    return Limits(time_s=30, memory_mb=workspace.workdir_mb + 64, max_processes=4,
+                  workdir_mb=workspace.workdir_mb, workdir_inodes=workspace.workdir_inodes)
 
 
 def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
@@ -138,7 +149,14 @@ class WorkspaceLost(SandboxError, RuntimeError):
     """The workspace's slot was restarted (its zygote died), taking the workspace's files."""
 
 
-class WorkspaceFull(SandboxError, OSError):
+class WorkspaceWriteError(SandboxError, OSError):
+    """Files could not be written into a workspace because of what is in it: a program made
+    the path a directory, a symlink or read-only, or the files do not fit its size. The
+    caller's (or its programs') doing, not the infrastructure's: remove or rename what is in
+    the way (with a run), or write less. Files before the failing one may have been written."""
+
+
+class WorkspaceFull(WorkspaceWriteError):
     """Files to write do not fit in the workspace (its size or inode limit): the caller's
     doing, not an infrastructure failure."""
 
@@ -482,22 +500,24 @@ class SandboxPool:
             self._free.release(acquired)  # type: ignore[union-attr]
 
     async def write_files(self, ws: Workspace, files: dict[str, str | bytes]) -> None:
-        """Create or replace files in the workspace (written inside the jail, as its user)."""
+        """Create or replace files in the workspace (written inside the jail, as its user).
+
+        Raises ``ValueError`` for names that can never be written (``check_file_names``) and
+        ``WorkspaceWriteError`` when what is in the workspace is in the way."""
+        check_file_names(files)
+        for name, data in files.items():
+            if isinstance(data, str):
+                check_text(data, f"files[{name!r}]")
         packed = {name: _as_bytes(data) for name, data in files.items()}
-        r = await self._in_workspace(ws, _TOUCH, ws.limits, files=packed, collect=())
+        r = await self._in_workspace(ws, _TOUCH, _file_op_limits(ws.limits), files=packed,
+                                     collect=())
         if r.status is not Status.OK:
-            why = r.error or r.stderr.strip()
-            if any(m in why for m in _FULL_MESSAGES):
-                raise WorkspaceFull(
-                    f"the files do not fit in the session's work dir ({ws.limits.workdir_mb} "
-                    f"MiB, {ws.limits.workdir_inodes} files; the size is workdir_mb capped at "
-                    f"memory_mb): {why}; delete files or open a session with larger limits")
-            raise OSError(f"cannot write files into the workspace: {why}")
+            raise OSError(f"cannot write files into the workspace: {r.error or r.stderr.strip()}")
 
     async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
                          ) -> dict[str, bytes]:
         """Regular files of the workspace (missing ones, symlinks and specials are left out)."""
-        lim = ws.limits.model_copy(update={"stdout_bytes": max_bytes})
+        lim = _file_op_limits(ws.limits).model_copy(update={"stdout_bytes": max_bytes})
         r = await self._in_workspace(ws, _TOUCH, lim, files={}, collect=tuple(paths))
         if r.status is not Status.OK:
             raise OSError(f"cannot read the workspace: {r.error or r.stderr.strip()}")
@@ -538,6 +558,14 @@ class SandboxPool:
                 step, _step_limits(limits, compile_step=False), stdin=b"",
                 files=pack_files(files), env=sandbox_env("bash"), work=ws.id, collect=collect,
                 collect_max=limits.stdout_bytes)
+            if o.files_error is not None:
+                if any(m in o.files_error for m in _FULL_MESSAGES):
+                    raise WorkspaceFull(
+                        f"the files do not fit in the session's work dir ({ws.limits.workdir_mb} "
+                        f"MiB, {ws.limits.workdir_inodes} files; the size is workdir_mb capped "
+                        f"at memory_mb): {o.files_error}; delete files or open a session with "
+                        "larger limits")
+                raise WorkspaceWriteError(f"cannot write into the workspace: {o.files_error}")
             return classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]

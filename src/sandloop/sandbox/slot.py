@@ -37,6 +37,7 @@ from sandloop.sandbox.cgroups import (
     CgroupStats,
     SharedRunDirs,
 )
+from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
 
@@ -114,6 +115,8 @@ class StepOutcome:
     wall_s: float = 0.0
     wait_status: int | None = None
     setup_error: str | None = None
+    # The run's files could not be written ("W"): the request's or an earlier program's doing.
+    files_error: str | None = None
     killed_for: str | None = None  # "wall" | "cpu" | "output"
     stats: CgroupStats | None = None
     rusage: dict[str, float] = field(default_factory=dict)
@@ -128,7 +131,8 @@ class StepOutcome:
     def lost_before_start(self) -> bool:
         """The prepared child died before the request reached it (killed while idle): the run
         never started, so its "exit" is not the program's."""
-        return self.wait_status is not None and not self.started and self.setup_error is None
+        return (self.wait_status is not None and not self.started and self.setup_error is None
+                and self.files_error is None)
 
 
 class _Capture:
@@ -527,14 +531,14 @@ class Slot:
                        files: bytes, env: dict[str, str], work: str | None,
                        collect: tuple[str, ...], collect_max: int, out: StepOutcome,
                        on_end: Callable[[], None] | None) -> None:
-        rlimits = (
+        rlimits = tuple((r, host_rlimit(r, v)) for r, v in (
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_NOFILE, limits.open_files),
             (resource.RLIMIT_FSIZE, limits.workdir_mb << 20),
             # A per-process backstop; the cgroup total is enforced from here.
             (resource.RLIMIT_CPU, math.ceil(limits.cpu_s) + 1),
             (resource.RLIMIT_STACK, min(limits.memory_bytes, 256 << 20)),
-        )
+        ))
         spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
                 "collect_max": collect_max}
         out.collect_expected = bool(collect)
@@ -758,6 +762,8 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
             out.started = True
         elif kind == b"E":
             out.setup_error = payload.decode(errors="replace")
+        elif kind == b"W":
+            out.files_error = payload.decode(errors="replace")
         elif kind == b"X":
             rec = json.loads(payload)
             out.wait_status = int(rec["status"])
@@ -770,7 +776,7 @@ def _parse_status(buf: bytes, out: StepOutcome) -> None:
         elif kind == b"C":
             out.collect_done = True
             out.missing_files = [str(n) for n in json.loads(payload)]
-    if program is not None and out.setup_error is None:
+    if program is not None and out.setup_error is None and out.files_error is None:
         out.wait_status = int(program["status"])
         out.rusage = {k: float(v) for k, v in program.items() if k != "status"}
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import WORK_DIR, LanguageSpec, Step, sandbox_env
 from sandloop.sandbox.models import ExecResult, Limits, Status, with_compile_limit_note
 
@@ -81,13 +82,16 @@ def _argv(step: Step, workdir: str, python: str) -> list[str]:
 
 async def _run_step(argv: list[str], cwd: str, stdin: bytes, limits: Limits, wall_s: float,
                     env: dict[str, str], who: UnisolatedIdentity) -> tuple[ExecResult, float]:
+    rlimits = [(r, host_rlimit(r, v)) for r, v in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_CPU, int(limits.cpu_limit_s) + 1),
+        (resource.RLIMIT_FSIZE, limits.workdir_mb << 20),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+    )]
+
     def preexec() -> None:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        cpu = int(limits.cpu_limit_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        fsize = limits.workdir_mb << 20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+        for r, v in rlimits:
+            resource.setrlimit(r, (v, v))
         if who.uid is not None and who.gid is not None:
             _become(who.uid, who.gid)
 

@@ -35,6 +35,8 @@ Protocol (SOCK_SEQPACKET, one JSON message per packet, file descriptors with SCM
       E  setup failure (child, before any untrusted code)   X  exit record (zygote, JSON)
       P  the program's wait status (trusted pid 1, JSON)    F  a collected file (name, bytes)
       C  the collection is complete (trusted pid 1, JSON list of the names that were absent)
+      W  the run's files could not be written (the request's or an earlier program's doing:
+         FILE_ERRNOS), a program verdict, not an infrastructure failure
 """
 
 from __future__ import annotations
@@ -108,6 +110,23 @@ _libc_gil.syscall.restype = ctypes.c_long
 
 class SetupError(Exception):
     """An isolation step failed; the child must not run the program."""
+
+
+class FilesError(Exception):
+    """A file of the request could not be written, for a reason in FILE_ERRNOS."""
+
+
+# Why writing the run's files fails when the request or an earlier program of the session is
+# to blame: too big for the work dir (ENOSPC, EFBIG, EDQUOT, ENOMEM: the run's memory limit
+# charges tmpfs pages), or the path made unusable (a file where a directory goes, a directory,
+# symlink or read-only directory where a file goes). Requests are validated first
+# (models.check_file_names), so on a fresh work dir only the sizes are left. Must match
+# jail.c's file_errno.
+FILE_ERRNOS = frozenset({
+    errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOMEM, errno.ENOTDIR, errno.EISDIR,
+    errno.EEXIST, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EROFS, errno.ENAMETOOLONG,
+    errno.EMLINK, errno.ETXTBSY,
+})
 
 
 class SpareGone(SetupError):
@@ -846,10 +865,20 @@ def drop_privileges(z: Zygote) -> None:
     # so does the whole pid namespace.
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_DUMPABLE, 0)
+    _own_work_dir()
     os.chdir(WORK_DIR)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     if z.bpf:
         load_seccomp(z.bpf)
+
+
+def _own_work_dir() -> None:
+    """Give the slot user (who owns /sandbox) back its rwx on it, if a session's earlier
+    program took them away (``chmod 000 .``): otherwise this run could not even enter it, and a
+    program could make every later run of its session an infrastructure failure."""
+    mode = os.stat(WORK_DIR).st_mode
+    if mode & 0o700 != 0o700:
+        os.chmod(WORK_DIR, (mode & 0o7777) | 0o700)
 
 
 def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> ProgramRun:
@@ -885,7 +914,10 @@ def serve_one(z: Zygote, ctl: socket.socket, opts: SpareKey) -> ProgramRun:
 def _setup_failed(status_fd: int, e: BaseException) -> NoReturn:
     """Report a setup failure (before any untrusted code ran) on the status pipe and exit."""
     with contextlib.suppress(OSError):
-        write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
+        if isinstance(e, FilesError):
+            write_record(status_fd, b"W", str(e).encode()[:4000])
+        else:
+            write_record(status_fd, b"E", f"{type(e).__name__}: {e}".encode()[:4000])
     os._exit(SETUP_FAILED_EXIT)
 
 
@@ -1092,18 +1124,27 @@ def _write_files(files_fd: int) -> None:
             raise SetupError(f"refusing to write {name!r} outside /sandbox and /tmp")
         body = data[pos:pos + dlen]
         pos += dlen
-        d = os.path.dirname(name)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
         try:
-            view = memoryview(body)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+            _write_file(name, body, mode)
+        except OSError as e:
+            if e.errno not in FILE_ERRNOS:
+                raise
+            raise FilesError(f"cannot write {name}: {os.strerror(e.errno)}") from None
+
+
+def _write_file(name: str, body: bytes, mode: int) -> None:
+    d = os.path.dirname(name)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        view = memoryview(body)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:

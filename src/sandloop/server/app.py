@@ -23,7 +23,7 @@ from fastapi.responses import (
 )
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import ClientDisconnect
 
 from sandloop.engine import (
@@ -40,6 +40,7 @@ from sandloop.engine import (
     SessionFull,
     SessionLimit,
     SessionLost,
+    WorkspaceWriteError,
 )
 from sandloop.monitor.dashboard import DASHBOARD_HTML
 from sandloop.monitor.live import LiveMonitor
@@ -47,7 +48,13 @@ from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.reward.assemble import extract_code
 from sandloop.reward.assemble import response_after_prompt as openrlhf_completion
 from sandloop.reward.scoring import Completion, score_all
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
+from sandloop.sandbox.models import (
+    ExecResult,
+    Limits,
+    Program,
+    Status,
+    check_text,
+)
 from sandloop.sandbox.requests import ExecRequest
 from sandloop.server import sandboxfusion as sf
 from sandloop.server.auth import KeyPolicy, KeyStore, Refused
@@ -61,7 +68,9 @@ from sandloop.tasks import LabelError, Task, TaskFormatError, load_tasks, resolv
 __all__ = ["create_app"]
 
 T = TypeVar("T")
-Priority = int | Literal["eval", "interactive", "train", "background"]
+# Bounded like the engine's (PRIORITY_MIN/MAX): the journal stores it as a 64-bit integer.
+Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)] | \
+    Literal["eval", "interactive", "train", "background"]
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -86,6 +95,11 @@ class ScoreItemBody(BaseModel):
     completion: str
     completion_id: str | None = None
     language: str | None = None
+
+    @field_validator("completion")
+    @classmethod
+    def _completion(cls, v: str) -> str:
+        return check_text(v, "completion")
 
 
 class ScoreBody(BaseModel):
@@ -115,6 +129,11 @@ class SessionRunBody(BaseModel):
     stdin: str | None = None
     limits: Limits | None = None
     timeout_s: float | None = Field(None, gt=0, le=86400)
+
+    @field_validator("command", "code", "stdin")
+    @classmethod
+    def _text(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else check_text(v, str(info.field_name))
 
 
 class FilesBody(BaseModel):
@@ -249,7 +268,9 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     for exc_type, code in ((SessionClosed, 404), (SessionExpired, 410), (SessionLost, 410),
                            (IdempotencyConflict, 409), (SessionFull, 413),
                            (ResourceTooLarge, 400), (LabelError, 400), (TaskFormatError, 400),
-                           (sf.SFRequestError, 400), (ValueError, 400)):
+                           (sf.SFRequestError, 400), (ValueError, 400),
+                           # What a session's programs left in its work dir is in the way.
+                           (WorkspaceWriteError, 409)):
         def make(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
             async def handler(_: Request, e: Exception) -> JSONResponse:
                 return error(code, str(e))
