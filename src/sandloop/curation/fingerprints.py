@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from sandloop.curation.degenerate import entry_signature
 from sandloop.reward.assemble import assemble
 from sandloop.tasks import Task
 
@@ -166,22 +167,27 @@ class Fingerprint:
 
     id: str
     prompt: tuple[str, ...]
+    prompt_raw: tuple[str, ...]
     solution: tuple[str, ...]
     solution_hash: str | None
 
 
 def fingerprint(task: Task) -> Fingerprint:
     """The fingerprint of ``task``: its prompt words (prompt, or starter code when the prompt is
-    empty) and the canonical tokens of its assembled reference solution."""
+    empty) with and without the entry point's and its parameters' names replaced, and the
+    canonical tokens of its assembled reference solution."""
     ref = assemble(task, task.reference_solution).source if task.reference_solution else None
-    ids = set(bound_names(task.starter_code)) | set(bound_names(ref or ""))
+    sig = entry_signature(task)
+    ids = set(_WORD.findall(sig[0].lower())) - {"def"} if sig else set()
     if task.entry_point:
-        ids.add(task.entry_point)
-    words = tuple(prompt_words(task.prompt or task.starter_code, ids))
+        ids.add(task.entry_point.lower())
+    text = task.prompt or task.starter_code
+    words = tuple(prompt_words(text, ids))
     canon = canonical_code(ref) if ref is not None else None
     sol = tuple(_TOKEN.findall(canon or ref or ""))
     digest = hashlib.sha256(canon.encode()).hexdigest()[:16] if canon else None
-    return Fingerprint(id=task.id, prompt=words, solution=sol, solution_hash=digest)
+    return Fingerprint(id=task.id, prompt=words, prompt_raw=tuple(prompt_words(text)),
+                       solution=sol, solution_hash=digest)
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,8 @@ def contamination(
     flags it, naming the train task with the largest share.
     """
     out: list[Match] = []
-    for kind in ("prompt", "solution"):
+    # Leaks are literal: prompts are compared as written (no identifier replacement).
+    for kind in ("prompt_raw", "solution"):
         index: dict[tuple[str, ...], set[int]] = defaultdict(set)
         for j, t in enumerate(trains):
             for g in ngrams(getattr(t, kind), n):
@@ -273,8 +280,9 @@ def contamination(
             j, c = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
             share = c / len(grams)
             if share >= overlap:
+                what = "prompt" if kind == "prompt_raw" else kind
                 out.append(Match(id=e.id, other=trains[j].id, similarity=share,
-                                 why=f"{share:.0%} of its {kind} {n}-grams"))
+                                 why=f"{share:.0%} of its {what} {n}-grams"))
     # One match per eval task: the larger share.
     best: dict[str, Match] = {}
     for m in out:

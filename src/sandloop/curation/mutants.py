@@ -131,7 +131,7 @@ def _sites(node: ast.AST) -> Iterator[_Site]:
         yield ("branch", f"line {line}: if branch dropped", _set_attr("body", [ast.Pass()]))
     for field in ("body", "orelse", "finalbody"):
         stmts = getattr(node, field, None)
-        if not isinstance(stmts, list) or isinstance(node, ast.Module):
+        if not isinstance(stmts, list):
             continue
         for i, stmt in enumerate(stmts):
             if _is_docstring(stmt) or isinstance(stmt, ast.Pass | ast.FunctionDef |
@@ -149,9 +149,17 @@ def _unwrap_not(node: ast.AST) -> None:
     node.operand = ast.UnaryOp(op=ast.Not(), operand=node.operand)
 
 
-def _function_nodes(tree: ast.Module) -> list[ast.AST]:
-    """Every node inside a function body (docstrings excluded), in a stable order."""
+def _function_nodes(tree: ast.Module, module_level: bool = False) -> list[ast.AST]:
+    """Every node inside a function body (docstrings excluded), in a stable order; with
+    ``module_level``, the module's own statements too (a whole program)."""
     out: list[ast.AST] = []
+    if module_level:
+        out.append(tree)  # its statements are sites
+        for stmt in tree.body:
+            if not _is_docstring(stmt) and not isinstance(stmt, ast.FunctionDef |
+                                                          ast.AsyncFunctionDef | ast.ClassDef):
+                out.extend(n for n in ast.walk(stmt)
+                           if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             out.append(fn)  # its own body statements are sites
@@ -162,16 +170,18 @@ def _function_nodes(tree: ast.Module) -> list[ast.AST]:
     return out
 
 
-def generate_mutants(source: str, *, limit: int = 30) -> list[Mutant]:
+def generate_mutants(source: str, *, limit: int = 30, module_level: bool = False
+                     ) -> list[Mutant]:
     """Up to ``limit`` distinct mutants of ``source`` (a whole Python program), spread over all
     the mutation sites (every k-th site when there are more than ``limit``). Empty when the
-    source does not parse or has no function to mutate."""
+    source does not parse or has no function to mutate. ``module_level`` also mutates the
+    module's top-level statements (for stdin/stdout programs)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     original = ast.unparse(tree)
-    nodes = _function_nodes(tree)
+    nodes = _function_nodes(tree, module_level)
     sites: list[tuple[int, _Site]] = [(i, s) for i, n in enumerate(nodes) for s in _sites(n)]
     out: list[Mutant] = []
     seen = {original}
@@ -184,7 +194,7 @@ def generate_mutants(source: str, *, limit: int = 30) -> list[Mutant]:
             break
         index, (op, desc, edit) = sites[k]
         mutated = copy.deepcopy(tree)
-        edit(_function_nodes(mutated)[index])
+        edit(_function_nodes(mutated, module_level)[index])
         try:
             text = ast.unparse(ast.fix_missing_locations(mutated))
             compile(text, "<mutant>", "exec")

@@ -96,7 +96,8 @@ def values_equal(
         return bool(expected == actual)
     if te is not ta:
         return False
-    if te is str or te is bytes or expected is None:
+    # bool is not a number in strict and json modes (1 != True), but True still equals True.
+    if te is str or te is bytes or te is bool or expected is None:
         return bool(expected == actual)
     return False
 
