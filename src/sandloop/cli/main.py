@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.tasks import app as tasks_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
@@ -314,6 +315,9 @@ def add_key(
     except (ValueError, KeysFileError, OSError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+
+
+app.add_typer(tasks_app, name="tasks")
 
 
 def main() -> None:  # pragma: no cover - console entry point
