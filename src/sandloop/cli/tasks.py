@@ -319,7 +319,7 @@ def validate(
     exit_zero: Annotated[bool, typer.Option(
         "--exit-zero", help="Exit 0 even when tasks are rejected (demos, dashboards).")] = False,
     format: Format = None,
-    max_mutants: MaxMutants = 20,
+    max_mutants: MaxMutants = 12,
     min_mutation_score: MinScore = 0.6,
     slow_fraction: SlowFraction = 0.5,
     duplicate_threshold: DupThreshold = 0.8,
@@ -369,7 +369,7 @@ def curate(
     format: Format = None,
     grades: Grades = None,
     repeat: Repeat = 5,
-    max_mutants: MaxMutants = 20,
+    max_mutants: MaxMutants = 12,
     min_mutation_score: MinScore = 0.6,
     slow_fraction: SlowFraction = 0.5,
     duplicate_threshold: DupThreshold = 0.8,

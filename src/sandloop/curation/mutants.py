@@ -2,8 +2,9 @@
 
 A test suite that passes a changed program has not pinned down the behaviour that changed. The
 mutation operators are the classic ones: comparison and arithmetic operator swaps, boolean
-operator swaps, off-by-one integer constants, flipped booleans, dropped statements, dropped
-``if``/``else`` branches and changed return values. Only code inside function bodies is mutated
+operator swaps, off-by-one integer constants and indexes, flipped booleans, swapped library
+calls (``min``/``max``, ``any``/``all``, ``upper``/``lower``, ...), dropped statements, dropped
+``if``/``else`` branches and changed return values (None, constants, negated, off by one). Only code inside function bodies is mutated
 (docstrings are left alone). Mutants are deduplicated by their source and never equal the
 original text; an equivalent mutant (same behaviour, different code) cannot be told apart and
 counts as a survivor, so the score is a lower bound.
@@ -125,6 +126,19 @@ def _sites(node: ast.AST) -> Iterator[_Site]:
         isinstance(node.value, ast.Constant) and node.value.value is None
     ):
         yield ("return", f"line {line}: return value -> None", _set_attr("value", None))
+        for text in _RETURNS:
+            yield ("return", f"line {line}: return value -> {text.format(e='...')}",
+                   _return_expr(text))
+    elif isinstance(node, ast.Call):
+        name = node.func.id if isinstance(node.func, ast.Name) else (
+            node.func.attr if isinstance(node.func, ast.Attribute) else None)
+        if name in _CALL_SWAPS:
+            yield ("call", f"line {line}: {name}() -> {_CALL_SWAPS[name]}()",
+                   _swap_call(_CALL_SWAPS[name]))
+    elif isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice) and \
+            isinstance(node.ctx, ast.Load):
+        for op_, sym in ((ast.Add, "+"), (ast.Sub, "-")):
+            yield ("index", f"line {line}: index {sym} 1", _shift_index(op_))
     if isinstance(node, ast.If):
         if node.orelse:
             yield ("branch", f"line {line}: else branch dropped", _set_attr("orelse", []))
@@ -141,6 +155,41 @@ def _sites(node: ast.AST) -> Iterator[_Site]:
                 continue  # the same as dropping the branch
             yield ("statement", f"line {getattr(stmt, 'lineno', '?')}: statement dropped",
                    _drop(field, i))
+
+
+# Changed return values besides None (``{e}`` is the original expression).
+_RETURNS = ("0", "1", "''", "[]", "True", "False", "not ({e})", "({e}) + 1", "({e}) - 1")
+_CALL_SWAPS = {
+    "min": "max", "max": "min", "any": "all", "all": "any", "sum": "len", "sorted": "list",
+    "upper": "lower", "lower": "upper", "startswith": "endswith", "endswith": "startswith",
+    "isupper": "islower", "islower": "isupper", "lstrip": "rstrip", "rstrip": "lstrip",
+    "find": "rfind", "rfind": "find", "floor": "ceil", "ceil": "floor", "abs": "int",
+}
+
+
+def _return_expr(text: str) -> _Edit:
+    def edit(node: ast.AST) -> None:
+        assert isinstance(node, ast.Return) and node.value is not None
+        expr = ast.parse(text.format(e=ast.unparse(node.value)), mode="eval").body
+        node.value = expr
+    return edit
+
+
+def _swap_call(new: str) -> _Edit:
+    def edit(node: ast.AST) -> None:
+        assert isinstance(node, ast.Call)
+        if isinstance(node.func, ast.Name):
+            node.func.id = new
+        elif isinstance(node.func, ast.Attribute):
+            node.func.attr = new
+    return edit
+
+
+def _shift_index(op: type[ast.operator]) -> _Edit:
+    def edit(node: ast.AST) -> None:
+        assert isinstance(node, ast.Subscript)
+        node.slice = ast.BinOp(left=node.slice, op=op(), right=ast.Constant(1))
+    return edit
 
 
 def _unwrap_not(node: ast.AST) -> None:
