@@ -80,6 +80,9 @@ def test_mutants_cover_each_operator_and_are_distinct_valid_programs() -> None:
     assert any("< -> <=" in m.description for m in ms)
     assert len(generate_mutants(REF, limit=5)) == 5
     assert generate_mutants("def f(:") == []
+    helper = "def helper(a):\n    return a + 1\n\n" + REF
+    assert all("return a + 1" in m.source
+               for m in generate_mutants(helper, limit=100, skip=frozenset({"helper"})))
 
 
 def test_mutants_leave_docstrings_and_module_level_code_alone() -> None:

@@ -198,10 +198,15 @@ def _unwrap_not(node: ast.AST) -> None:
     node.operand = ast.UnaryOp(op=ast.Not(), operand=node.operand)
 
 
-def _function_nodes(tree: ast.Module, module_level: bool = False) -> list[ast.AST]:
+def _function_nodes(tree: ast.Module, module_level: bool = False,
+                    skip: frozenset[str] = frozenset()) -> list[ast.AST]:
     """Every node inside a function body (docstrings excluded), in a stable order; with
-    ``module_level``, the module's own statements too (a whole program)."""
+    ``module_level``, the module's own statements too (a whole program). Top-level functions
+    named in ``skip`` (and what they contain) are left out."""
     out: list[ast.AST] = []
+    skipped = {id(n) for top in tree.body
+               if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef) and top.name in skip
+               for n in ast.walk(top)}
     if module_level:
         out.append(tree)  # its statements are sites
         for stmt in tree.body:
@@ -210,7 +215,7 @@ def _function_nodes(tree: ast.Module, module_level: bool = False) -> list[ast.AS
                 out.extend(n for n in ast.walk(stmt)
                            if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     for fn in ast.walk(tree):
-        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and id(fn) not in skipped:
             out.append(fn)  # its own body statements are sites
             for stmt in fn.body:
                 if not _is_docstring(stmt):
@@ -219,18 +224,19 @@ def _function_nodes(tree: ast.Module, module_level: bool = False) -> list[ast.AS
     return out
 
 
-def generate_mutants(source: str, *, limit: int = 30, module_level: bool = False
-                     ) -> list[Mutant]:
+def generate_mutants(source: str, *, limit: int = 30, module_level: bool = False,
+                     skip: frozenset[str] = frozenset()) -> list[Mutant]:
     """Up to ``limit`` distinct mutants of ``source`` (a whole Python program), spread over all
     the mutation sites (every k-th site when there are more than ``limit``). Empty when the
     source does not parse or has no function to mutate. ``module_level`` also mutates the
-    module's top-level statements (for stdin/stdout programs)."""
+    module's top-level statements (for stdin/stdout programs). Top-level functions named in
+    ``skip`` are not mutated (helpers the task's prompt gives, which its tests use too)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     original = ast.unparse(tree)
-    nodes = _function_nodes(tree, module_level)
+    nodes = _function_nodes(tree, module_level, skip)
     sites: list[tuple[int, _Site]] = [(i, s) for i, n in enumerate(nodes) for s in _sites(n)]
     out: list[Mutant] = []
     seen = {original}
@@ -243,7 +249,7 @@ def generate_mutants(source: str, *, limit: int = 30, module_level: bool = False
             break
         index, (op, desc, edit) = sites[k]
         mutated = copy.deepcopy(tree)
-        edit(_function_nodes(mutated, module_level)[index])
+        edit(_function_nodes(mutated, module_level, skip)[index])
         try:
             text = ast.unparse(ast.fix_missing_locations(mutated))
             compile(text, "<mutant>", "exec")

@@ -16,6 +16,7 @@ Duplicates and contamination are pure fingerprint comparisons (:mod:`.fingerprin
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import json
@@ -123,6 +124,17 @@ def _slowest(r: CompletionResult) -> float:
 def _scale(task: Task, ref_time: float, cfg: ValidateConfig) -> float:
     want = max(cfg.mutant_min_time_s, cfg.mutant_time_factor * ref_time) / task.limits.time_s
     return next((s for s in _SCALES if s >= want), 1.0)
+
+
+def _given_helpers(task: Task) -> frozenset[str]:
+    """Functions the starter code defines in full, besides the entry point (HumanEval/50's
+    ``encode_shift``): the tests call them too, so mutating them tests nothing of the answer."""
+    try:
+        tree = ast.parse(task.starter_code)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef |
+                     ast.AsyncFunctionDef) and n.name != task.entry_point)
 
 
 class _Batch:
@@ -342,7 +354,8 @@ async def validate_tasks(
                 skipped[t.id].append("weak_tests: mutants are made of Python only")
                 continue
             ms = generate_mutants(assemble(t, t.reference_solution or "").source,
-                                  limit=cfg.max_mutants, module_level=t.test_kind == "stdio")
+                                  limit=cfg.max_mutants, module_level=t.test_kind == "stdio",
+                                  skip=_given_helpers(t))
             mutants[t.id] = ms
             scale = _scale(t, reliable[t.id], cfg)
             for i, m in enumerate(ms):
