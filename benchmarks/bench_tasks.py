@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=None)
     args = ap.parse_args()
     tasks = load_tasks(args.tasks)
+    load_before = os.getloadavg()[0]
     cpu0 = os.times()
     res, wall = asyncio.run(_validate(tasks, args.slots, None))
     cpu1 = os.times()
@@ -74,7 +75,7 @@ def main() -> None:
                                                              cpu0.children_system)
     own_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     print(f"tasks: {len(tasks)} ({args.tasks}), slots: {args.slots or os.cpu_count()}, "
-          f"load average before: {os.getloadavg()[0]:.1f}")
+          f"load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}")
     print(f"validated in {wall:.1f} s: {len(tasks) / wall:.2f} tasks/s")
     print(f"sandbox runs: {res.runs} ({res.runs / wall:.0f} runs/s), of which mutants: "
           f"{res.mutants} ({res.mutants / wall:.0f} mutants/s)")
