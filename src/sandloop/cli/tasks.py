@@ -505,7 +505,12 @@ def grade(
 @app.command("split")
 def split(
     tasks: TasksArg,
-    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Share of tasks in eval.")],
+    eval_fraction: Annotated[float | None, typer.Option(
+        "--eval-fraction", help="Share of tasks in eval.")] = None,
+    released_after: Annotated[str | None, typer.Option(
+        "--released-after", help="Instead: eval = tasks released on or after this date "
+                                 "(YYYY-MM-DD, from their released: tag, e.g. LiveCodeBench).")]
+    = None,
     out_dir: Annotated[Path, typer.Option("-o", "--out-dir", help="Writes train.jsonl, "
                                           "eval.jsonl and split.json here.")] = Path("."),
     seed: Annotated[int, typer.Option("--seed", help="Shuffle seed (same seed, same split).")]
@@ -522,16 +527,20 @@ def split(
 
         ts = _load(tasks, format)
         try:
+            if (eval_fraction is None) == (released_after is None):
+                raise ValueError("give one of --eval-fraction and --released-after")
             train, evals = split_tasks(ts, eval_fraction, seed=seed,
                                        grades=_load_grades(tasks, grades), ngram=ngram,
-                                       overlap=contamination_overlap)
+                                       overlap=contamination_overlap,
+                                       released_after=released_after)
         except ValueError as e:
             raise _BadInput(str(e)) from None
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_jsonl(out_dir / "train.jsonl", [t.to_json() for t in train])
         _write_jsonl(out_dir / "eval.jsonl", [t.to_json() for t in evals])
         info = {"schema": "sandloop.split/v1", "source": tasks, "source_version": set_version(ts),
-                "seed": seed, "eval_fraction": eval_fraction, "train": len(train),
+                "seed": seed, "eval_fraction": eval_fraction,
+                "released_after": released_after, "train": len(train),
                 "eval": len(evals), "train_version": set_version(train),
                 "eval_version": set_version(evals)}
         (out_dir / "split.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")

@@ -28,6 +28,7 @@ __all__ = [
     "diff_sets",
     "make_manifest",
     "make_up",
+    "released",
     "set_version",
     "split_tasks",
     "tier_of_task",
@@ -171,14 +172,26 @@ def _clusters(tasks: Sequence[Task], *, n: int, overlap: float) -> list[list[int
     return list(groups.values())
 
 
-def split_tasks(tasks: Sequence[Task], eval_fraction: float, *, seed: int = 0,
+def released(task: Task) -> str | None:
+    """The task's release date (``YYYY-MM-DD``) from its ``released:`` tag, if any."""
+    return next((t.removeprefix("released:") for t in task.tags if t.startswith("released:")),
+                None)
+
+
+def split_tasks(tasks: Sequence[Task], eval_fraction: float | None = None, *, seed: int = 0,
                 grades: Mapping[str, Difficulty] | None = None, ngram: int = 13,
-                overlap: float = 0.2) -> tuple[list[Task], list[Task]]:
+                overlap: float = 0.2, released_after: str | None = None
+                ) -> tuple[list[Task], list[Task]]:
     """``(train, eval)``: about ``eval_fraction`` of the tasks in eval, stratified by tier and
-    first tag, with near-duplicates and n-gram-sharing tasks kept on one side together, so no
-    eval task is contaminated by a train task. Tasks get their ``split`` field set (and so new
-    versions); order within each side follows the input."""
-    if not 0 < eval_fraction < 1:
+    first tag, with near-duplicates and n-gram-sharing tasks kept on one side together — or,
+    with ``released_after``, the tasks released on or after that date in eval (tasks without a
+    date go to train). Either way no eval task is left contaminated by a train task (such tasks
+    move to train). Tasks get their ``split`` field set (and so new versions); order within each
+    side follows the input."""
+    if released_after is not None:
+        recent = {i for i, t in enumerate(tasks) if (released(t) or "") >= released_after}
+        return _finish(tasks, recent, ngram, overlap)
+    if eval_fraction is None or not 0 < eval_fraction < 1:
         raise ValueError(f"eval fraction must be between 0 and 1, got {eval_fraction}")
     clusters = _clusters(tasks, n=ngram, overlap=overlap)
     strata: dict[tuple[str, str], list[list[int]]] = {}
@@ -202,6 +215,11 @@ def split_tasks(tasks: Sequence[Task], eval_fraction: float, *, seed: int = 0,
                 continue
             chosen.update(c)
             got += len(c)
+    return _finish(tasks, chosen, ngram, overlap)
+
+
+def _finish(tasks: Sequence[Task], chosen: set[int], ngram: int, overlap: float
+            ) -> tuple[list[Task], list[Task]]:
     ev = [t.model_copy(update={"split": "eval"}) for i, t in enumerate(tasks) if i in chosen]
     tr = [t.model_copy(update={"split": "train"}) for i, t in enumerate(tasks) if i not in chosen]
     # A final check (clusters link each task to its best match only): move stragglers to train.
