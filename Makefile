@@ -43,6 +43,9 @@ demo: $(STAMP)
 	$(VENV)/bin/sandloop doctor
 	$(VENV)/bin/sandloop exec-batch --table examples/demo_batch.jsonl
 	$(VENV)/bin/sandloop demo
+	# Task validation of a bundled set with one planted defect per problem code; --exit-zero
+	# because rejecting those tasks is the point of the demo (it exits 1 on rejects otherwise).
+	$(VENV)/bin/sandloop tasks validate curation-demo --exit-zero --no-db
 
 test: $(STAMP) $(UML_STAMP)
 	$(VPY) -m ruff check src tests benchmarks

@@ -27,6 +27,8 @@ V = Verdict
 def test_strict_values_keep_types_apart() -> None:
     assert values_equal([1, (2.0, "x")], [1, (2.0, "x")])
     assert not values_equal(1, True)
+    assert values_equal(True, True) and values_equal([False], [False], "json")
+    assert not values_equal(True, False)
     assert not values_equal(1, 1.0)
     assert not values_equal((1, 2), [1, 2])
     assert not values_equal({1: "a"}, {True: "a"})

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from sandloop import _aio as aio
 from sandloop.cli.monitor import monitor_app
+from sandloop.cli.tasks import app as tasks_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
@@ -346,6 +347,9 @@ def add_key(
     except (ValueError, KeysFileError, OSError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+
+
+app.add_typer(tasks_app, name="tasks")
 
 
 def main() -> None:  # pragma: no cover - console entry point

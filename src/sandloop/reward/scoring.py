@@ -10,10 +10,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandloop.errors import InputError, RewardError
-from sandloop.jsonl import JsonLineError, json_objects
 from sandloop.reward.verifier import CompletionResult, Verifier, completion_hash
+from sandloop.sandbox.models import canonical_language
 from sandloop.store import ResultKey, ResultStore
-from sandloop.tasks import Task
+from sandloop.tasks import Task, TaskFormatError
+from sandloop.tasks.loaders import read_records
 
 __all__ = ["Completion", "CompletionFileError", "read_completions", "score_all"]
 
@@ -23,29 +24,43 @@ class CompletionFileError(RewardError, InputError):
 
 
 class Completion(BaseModel):
-    """One model completion to score."""
+    """One model completion to score. ``language`` (optional) names the completion's language
+    when it differs from the task's: allowed for stdin/stdout tasks, whose tests any language
+    can take."""
 
     model_config = ConfigDict(frozen=True)
 
     task_id: str
     completion: str
     completion_id: str
+    language: str | None = None
+
+
+def _as_language(task: Task, language: str | None) -> Task:
+    """``task`` as seen by a completion in ``language`` (the same task when it names none)."""
+    if language is None or canonical_language(language) == task.language:
+        return task
+    # Only the language differs; the version stays (the store key adds the language instead).
+    return task.model_copy(update={"language": canonical_language(language)})
+
+
+def _key_hash(c: Completion, task: Task) -> str:
+    lang = None if c.language is None else canonical_language(c.language)
+    if lang is None or lang == task.language:
+        return completion_hash(c.completion)
+    return completion_hash(f"{lang}\0{c.completion}")
 
 
 def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
-    """Read ``{"task_id", "completion"[, "completion_id"]}`` lines. A missing completion_id
-    becomes the completion's ordinal among those of its task ("0", "1", ...)."""
+    """Read ``{"task_id", "completion"[, "completion_id"][, "language"]}`` records from JSONL
+    (``.gz`` too) or Parquet. A missing completion_id becomes the completion's ordinal among
+    those of its task ("0", "1", ...)."""
     out: list[Completion] = []
     per_task: dict[str, int] = {}
     try:
-        fh = path.open(encoding="utf-8")
-    except OSError as e:
-        raise CompletionFileError(f"{path}: cannot open: {e.strerror or e}") from None
-    with fh:
-        try:
-            records = list(json_objects(fh))
-        except JsonLineError as e:
-            raise CompletionFileError(f"{path}:{e.line}: {e.reason}") from None
+        records = list(read_records(path))
+    except TaskFormatError as e:
+        raise CompletionFileError(str(e)) from None
     for lineno, rec in records:
         where = f"{path}:{lineno}"
         tid, text = rec.get("task_id"), rec.get("completion")
@@ -57,10 +72,21 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
             raise CompletionFileError(
                 f"{where}: field 'task_id': {tid!r} is not in the task set"
             )
+        lang = rec.get("language")
+        if lang is not None:
+            task = tasks[tid]
+            try:
+                lang = canonical_language(str(lang))
+            except ValueError as e:
+                raise CompletionFileError(f"{where}: field 'language': {e}") from None
+            if lang != task.language and task.test_kind != "stdio":
+                raise CompletionFileError(
+                    f"{where}: field 'language': {tid!r} is a {task.language} "
+                    f"{task.test_kind} task; only stdin/stdout tasks take other languages")
         n = per_task.get(tid, 0)
         per_task[tid] = n + 1
         cid = rec.get("completion_id")
-        out.append(Completion(task_id=tid, completion=text,
+        out.append(Completion(task_id=tid, completion=text, language=lang,
                               completion_id=str(cid) if cid is not None else str(n)))
     return out
 
@@ -81,7 +107,7 @@ async def score_all(
     """
     cfg = verifier.config_hash()
     keys = [
-        ResultKey(c.task_id, tasks[c.task_id].version, completion_hash(c.completion), cfg)
+        ResultKey(c.task_id, tasks[c.task_id].version, _key_hash(c, tasks[c.task_id]), cfg)
         for c in completions
     ]
     cached = store.get_many(keys) if store is not None else {}
@@ -101,7 +127,8 @@ async def score_all(
     async def one(i: int) -> None:
         c = completions[i]
         async with sem:
-            res = await verifier.verify(tasks[c.task_id], c.completion, c.completion_id)
+            res = await verifier.verify(_as_language(tasks[c.task_id], c.language),
+                                        c.completion, c.completion_id)
         if store is not None:
             # A thread keeps the event loop free while SQLite commits.
             await asyncio.to_thread(store.put, keys[i], _record(res))

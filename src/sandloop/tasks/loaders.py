@@ -1,4 +1,5 @@
-"""Load task sets: the native format, HumanEval, MBPP and stdin/stdout contest sets.
+"""Load task sets: the native format, HumanEval, EvalPlus, MBPP, LiveCodeBench and stdin/stdout
+contest sets, from JSONL (``.gz`` too) or Parquet files.
 
 Every loader turns one JSON record into one validated :class:`Task`; errors name the file, the
 line and the field. Nothing here executes task code (test scripts are only parsed).
@@ -7,10 +8,15 @@ line and the field. Nothing here executes task code (test scripts are only parse
 from __future__ import annotations
 
 import ast
+import base64
 import contextlib
+import datetime
 import gzip
 import importlib.util
+import io
 import json
+import pickle
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +32,11 @@ from sandloop.tasks.models import (
     Checker,
     Comparison,
     IOTest,
+    ScriptTest,
     Task,
     TaskLimits,
 )
+from sandloop.tasks.values import ValueCodecError, encode
 
 __all__ = [
     "BUILTIN_SETS",
@@ -39,6 +47,8 @@ __all__ = [
     "load_tasks",
     "parse_record",
     "read_jsonl",
+    "read_parquet",
+    "read_records",
 ]
 
 
@@ -54,6 +64,39 @@ class TaskFormatError(TaskError, InputError):
         prefix = f"{where}: " if where else ""
         at = f"field {field!r}: " if field else ""
         super().__init__(f"{prefix}{at}{message}")
+
+
+def read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (row number, record) for each row of a Parquet file (needs ``pyarrow``)."""
+    try:
+        import pyarrow.parquet as pq  # optional: only Parquet users need it
+    except ImportError:
+        raise TaskFormatError("reading Parquet needs pyarrow: pip install 'sandloop[parquet]'",
+                              path=str(path)) from None
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as e:
+        raise TaskFormatError(f"cannot read Parquet: {e}", path=str(path)) from None
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield i, {k: _plain(v) for k, v in row.items()}
+
+
+def _plain(v: Any) -> Any:
+    """Parquet values as JSON would have them (dates as ISO strings)."""
+    if isinstance(v, datetime.date | datetime.datetime):
+        return v.isoformat()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Records of a task or completion file: JSONL (``.gz`` allowed) or Parquet (``.parquet``)."""
+    if path.suffix == ".parquet":
+        return read_parquet(path)
+    return read_jsonl(path)
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -348,9 +391,192 @@ def from_stdio(rec: dict[str, Any], lineno: int) -> Task:
     )
 
 
+# -- EvalPlus ------------------------------------------------------------------------------------
+
+EVALPLUS_CHUNK = 20  # inputs per test: per-test verdicts stay informative, runs stay few
+
+_EVALPLUS_CHECK = """\
+import copy as _sl_copy
+import json as _sl_json
+import math as _sl_math
+
+_SL_REF = {ref!r}
+_SL_INPUTS = _sl_json.loads({inputs!r})
+_SL_ATOL = {atol!r}
+
+
+def _sl_close(got, exp):
+    # EvalPlus compares exactly, floats within atol (1e-6 when the task gives none).
+    if type(exp) is float or type(got) is float:
+        if type(got) not in (int, float) or type(exp) not in (int, float):
+            return False
+        if _sl_math.isnan(exp) or _sl_math.isnan(got):
+            return _sl_math.isnan(exp) and _sl_math.isnan(got)
+        return _sl_math.isclose(got, exp, rel_tol=1e-7, abs_tol=_SL_ATOL or 1e-6)
+    if type(exp) in (list, tuple) and type(got) is type(exp):
+        return len(got) == len(exp) and all(_sl_close(g, e) for g, e in zip(got, exp))
+    return type(got) is type(exp) and got == exp
+
+
+def check(candidate):
+    # The expected outputs are the ground truth's, computed here, in the trusted test process:
+    # differential testing as EvalPlus does it.
+    ns = {{"__name__": "__sl_reference__"}}
+    exec(compile(_SL_REF, "reference.py", "exec"), ns)
+    reference = ns[{entry!r}]
+    for args in _SL_INPUTS:
+        expected = reference(*_sl_copy.deepcopy(args))
+        got = candidate(*_sl_copy.deepcopy(args))
+        assert _sl_close(got, expected), (
+            f"input {{args!r:.300}}: expected {{expected!r:.200}}, got {{got!r:.200}}")
+"""
+
+
+def _evalplus_tests(inputs: Any, field: str, ref: str, entry: str, atol: float) -> list[ScriptTest]:
+    if not isinstance(inputs, list) or not all(isinstance(a, list) for a in inputs):
+        raise TaskFormatError("expected a list of argument lists", field=field)
+    prefix = field.removesuffix("_input")
+    out = []
+    for i in range(0, len(inputs), EVALPLUS_CHUNK):
+        chunk = json.dumps(inputs[i:i + EVALPLUS_CHUNK], allow_nan=True)
+        out.append(ScriptTest(
+            name=f"{prefix}{i // EVALPLUS_CHUNK}", call="check",
+            source=_EVALPLUS_CHECK.format(ref=ref, inputs=chunk, atol=atol, entry=entry)))
+    return out
+
+
+def from_evalplus(rec: dict[str, Any], lineno: int) -> Task:
+    """EvalPlus HumanEval+ / MBPP+ (``task_id, prompt, entry_point, canonical_solution``, ``base_input``,
+    ``plus_input``, ``atol``). Every base and plus input becomes a hidden test (in chunks of
+    :data:`EVALPLUS_CHUNK` inputs): the expected output is the ground truth's on that input,
+    computed in the trusted test process, and compared as EvalPlus does (floats within ``atol``).
+    The prompt's doctest examples are public tests."""
+    prompt = _req(rec, "prompt")
+    entry = _req(rec, "entry_point")
+    canonical = rec.get("canonical_solution") or rec.get("code")
+    if not isinstance(canonical, str):
+        raise TaskFormatError("missing: the ground truth is needed to know the expected outputs",
+                              field="canonical_solution")
+    try:
+        ast.parse(canonical)
+        complete = any(isinstance(n, ast.FunctionDef) and n.name == entry
+                       for n in ast.walk(ast.parse(canonical)))
+    except SyntaxError:
+        complete = False
+    ref = canonical if complete else prompt + canonical
+    atol = float(rec.get("atol") or 0.0)
+    hidden = [*_evalplus_tests(rec.get("base_input") or [], "base_input", ref, entry, atol),
+              *_evalplus_tests(_req(rec, "plus_input", list), "plus_input", ref, entry, atol)]
+    code_prompt = "def " in prompt and entry in prompt
+    return Task(
+        id=_req(rec, "task_id"),
+        language="python",
+        prompt=prompt,
+        starter_code=prompt if code_prompt else "",
+        entry_point=entry,
+        reference_solution=canonical,
+        test_kind="function",
+        public_tests=tuple(doctest_calls(prompt, entry)) if code_prompt else (),
+        hidden_tests=tuple(hidden),
+        limits=TaskLimits(time_s=10.0),
+        split="eval",
+        source="evalplus",
+    )
+
+
+# -- LiveCodeBench --------------------------------------------------------------------------------
+
+class _NoGlobals(pickle.Unpickler):
+    """Unpickles plain data only: LiveCodeBench ships private tests pickled, and a pickle that
+    names any class or function (the way a pickle runs code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise TaskFormatError(f"refusing a pickled {module}.{name}: only plain data is accepted",
+                              field="private_test_cases")
+
+
+def _lcb_cases(raw: Any, field: str) -> list[dict[str, Any]]:
+    if raw in (None, ""):
+        return []
+    data = raw
+    if isinstance(raw, str):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            try:
+                blob = zlib.decompress(base64.b64decode(raw, validate=True))
+                data = json.loads(_NoGlobals(io.BytesIO(blob)).load())
+            except (ValueError, zlib.error, pickle.UnpicklingError, EOFError, TypeError) as e:
+                raise TaskFormatError(f"neither JSON nor LiveCodeBench's compressed form: {e}",
+                                      field=field) from None
+    if not isinstance(data, list) or not all(
+            isinstance(c, dict) and "input" in c and "output" in c for c in data):
+        raise TaskFormatError("expected a list of {input, output, testtype}", field=field)
+    return data
+
+
+def from_livecodebench(rec: dict[str, Any], lineno: int) -> Task:
+    """LiveCodeBench code generation (``question_id, question_content, starter_code,
+    public_test_cases, private_test_cases, metadata, contest_date, platform, difficulty``).
+
+    ``stdin`` cases become stdin/stdout tests; ``functional`` ones call ``metadata.func_name``
+    (on ``class Solution``) with one JSON argument per input line. The release date is kept as the
+    tag ``released:YYYY-MM-DD`` (``sandloop tasks split --released-after`` splits on it), the
+    platform as a tag; the id is ``question_id`` unchanged.
+    """
+    qid = str(_req(rec, "question_id", (str, int)))
+    public = _lcb_cases(rec.get("public_test_cases"), "public_test_cases")
+    private = _lcb_cases(rec.get("private_test_cases"), "private_test_cases")
+    meta = _maybe_json(rec, "metadata", {})
+    kinds = {c.get("testtype", "stdin") for c in public + private}
+    tags = [str(rec["platform"])] if rec.get("platform") else []
+    date = rec.get("contest_date")
+    if date:
+        tags.append(f"released:{str(date)[:10]}")
+    common: dict[str, Any] = {
+        "id": qid, "language": "python",
+        "prompt": str(rec.get("question_content") or rec.get("question_title") or ""),
+        "starter_code": str(rec.get("starter_code") or ""), "tags": tuple(tags),
+        "difficulty": rec.get("difficulty"), "split": "eval", "source": "livecodebench",
+    }
+    if kinds <= {"functional"} and kinds:
+        entry = meta.get("func_name") if isinstance(meta, dict) else None
+        if not isinstance(entry, str):
+            raise TaskFormatError("functional tests need metadata.func_name", field="metadata")
+
+        def calls(cases: list[dict[str, Any]], prefix: str) -> list[CallTest]:
+            out = []
+            for i, c in enumerate(cases):
+                try:
+                    args = [encode(json.loads(line), strict=True)
+                            for line in str(c["input"]).split("\n") if line.strip()]
+                    expected = encode(json.loads(str(c["output"])))
+                except (json.JSONDecodeError, ValueCodecError) as e:
+                    raise TaskFormatError(f"case {i}: not JSON values: {e}",
+                                          field=f"{prefix}_test_cases") from None
+                out.append(CallTest(name=f"{prefix}{i}", args=args, expected=expected))
+            return out
+
+        return Task(**common, entry_point=entry, test_kind="function",
+                    public_tests=tuple(calls(public, "public")),
+                    hidden_tests=tuple(calls(private, "private")),
+                    comparison=Comparison(values="json"))
+    if kinds - {"stdin"}:
+        raise TaskFormatError(f"mixed test types {sorted(kinds)}", field="public_test_cases")
+    return Task(**common, test_kind="stdio",
+                public_tests=tuple(IOTest(name=f"public{i}", stdin=str(c["input"]),
+                                          expected_stdout=str(c["output"]))
+                                   for i, c in enumerate(public)),
+                hidden_tests=tuple(IOTest(name=f"private{i}", stdin=str(c["input"]),
+                                          expected_stdout=str(c["output"]))
+                                   for i, c in enumerate(private)))
+
+
 FORMATS: dict[str, Callable[[dict[str, Any], int], Task]] = {
     "native": from_native,
     "humaneval": from_humaneval,
+    "evalplus": from_evalplus,
+    "livecodebench": from_livecodebench,
     "mbpp": from_mbpp,
     "codecontests": from_codecontests,
     "apps": from_apps,
@@ -364,6 +590,10 @@ def detect_format(rec: dict[str, Any]) -> str:
     keys = set(rec)
     if rec.get("schema") == SCHEMA or ({"public_tests", "hidden_tests"} & keys and "id" in keys):
         return "native"
+    if "plus_input" in keys:
+        return "evalplus"
+    if "question_content" in keys and ({"public_test_cases", "private_test_cases"} & keys):
+        return "livecodebench"
     if {"prompt", "test", "entry_point"} <= keys:
         return "humaneval"
     if "test_list" in keys:
@@ -425,7 +655,7 @@ def load_tasks(source: str | Path, fmt: str | None = None) -> list[Task]:
         raise TaskFormatError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    for lineno, rec in read_jsonl(path):
+    for lineno, rec in read_records(path):
         try:
             line_fmt = fmt or detect_format(rec)
             fmt = line_fmt

@@ -1,0 +1,550 @@
+"""``sandloop tasks``: look at, validate, curate, grade, split and diff task sets.
+
+Registered by cli/main.py. Heavy modules (engine, curation) are imported inside the commands so
+that ``sandloop --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from sandloop.curation.difficulty import Difficulty
+    from sandloop.curation.validate import ValidationRun
+    from sandloop.tasks import Task
+
+app = typer.Typer(help="Task governance: inspect, validate, curate, grade, split and diff task "
+                       "sets.", no_args_is_help=True, add_completion=False)
+err = Console(stderr=True)
+
+DEMO_SET = "curation_demo.jsonl"
+
+TasksArg = Annotated[str, typer.Argument(
+    help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', or "
+         "'curation-demo' (the bundled set with planted defects).")]
+Format = Annotated[str | None, typer.Option(
+    "--format", help="native|humaneval|mbpp|codecontests|apps|taco|stdio|... (default: detect).")]
+Grades = Annotated[Path | None, typer.Option(
+    "--grades", help="Difficulty grades from `sandloop tasks grade` (default: TASKS.grades.json "
+                     "when it exists).")]
+
+
+class _BadInput(Exception):
+    """Input the user must fix; exit code 2."""
+
+
+def _resolve(tasks: str) -> str:
+    if tasks == "curation-demo":
+        from importlib import resources
+
+        return str(resources.files("sandloop.data").joinpath(DEMO_SET))
+    return tasks
+
+
+def _load(tasks: str, fmt: str | None) -> list[Task]:
+    from sandloop.tasks import TaskFormatError, load_tasks
+
+    try:
+        return load_tasks(_resolve(tasks), fmt)
+    except TaskFormatError as e:
+        raise _BadInput(str(e)) from None
+
+
+def _grades_path(tasks: str) -> Path:
+    p = Path(_resolve(tasks))
+    return p.with_name(p.name.split(".")[0] + ".grades.json")
+
+
+def _load_grades(tasks: str, path: Path | None) -> dict[str, Difficulty] | None:
+    from sandloop.curation.difficulty import Difficulty
+
+    p = path or _grades_path(tasks)
+    if not p.is_file():
+        if path is not None:
+            raise _BadInput(f"{path}: no such grades file; make one with `sandloop tasks grade`")
+        return None
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        return {k: Difficulty.model_validate(v) for k, v in data["tasks"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _BadInput(f"{p}: not a grades file ({e}); remake it with `sandloop tasks grade`"
+                        ) from None
+
+
+def _run(fn: Any) -> None:
+    """Call ``fn()``; turn _BadInput into exit code 2 with its message."""
+    try:
+        code = fn()
+    except _BadInput as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code or 0)
+
+
+def _write_jsonl(path: Path, lines: Sequence[str]) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(line + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- looking at a set -----------------------------------------------------------------------------
+
+@app.command("ls")
+def ls(tasks: TasksArg, format: Format = None,
+       long: Annotated[bool, typer.Option("--long", "-l", help="Split, language, tests, tags.")]
+       = False) -> None:
+    """List the task ids (one per line)."""
+    def go() -> int:
+        for t in _load(tasks, format):
+            if long:
+                print(f"{t.id}\t{t.split}\t{t.language}\t{t.test_kind}\t"
+                      f"{len(t.public_tests)}+{len(t.hidden_tests)} tests\t{','.join(t.tags)}")
+            else:
+                print(t.id)
+        return 0
+    _run(go)
+
+
+@app.command("show")
+def show(tasks: TasksArg, task_id: Annotated[str, typer.Argument(help="The task's id.")],
+         format: Format = None,
+         as_json: Annotated[bool, typer.Option("--json", help="The task's native JSON.")] = False
+         ) -> None:
+    """Show one task: prompt, reference, tests, limits."""
+    def go() -> int:
+        by_id = {t.id: t for t in _load(tasks, format)}
+        if task_id not in by_id:
+            raise _BadInput(f"no task {task_id!r} in {tasks}; list ids with `sandloop tasks ls`")
+        t = by_id[task_id]
+        if as_json:
+            print(t.to_json())
+            return 0
+        from rich.panel import Panel
+        from rich.syntax import Syntax
+
+        out = Console()
+        out.print(f"[bold]{t.id}[/]  version {t.version}  {t.language}/{t.test_kind}  split "
+                  f"{t.split}  limit {t.limits.time_s:g} s, {t.limits.memory_mb} MiB  tags "
+                  f"{', '.join(t.tags) or '-'}  source {t.source or '-'}")
+        out.print(Panel(t.prompt or t.starter_code or "(empty)", title="prompt"))
+        if t.reference_solution is not None:
+            out.print(Panel(Syntax(t.reference_solution, t.language if t.language != "cpp"
+                                   else "cpp"), title="reference solution"))
+        table = Table(title="tests")
+        for col in ("name", "visibility", "kind", "test"):
+            table.add_column(col)
+        for test in t.tests:
+            d = test.model_dump(mode="json", exclude={"name", "kind", "weight"})
+            text = json.dumps(d, ensure_ascii=False)
+            table.add_row(test.name, "hidden" if t.is_hidden(test.name) else "public", test.kind,
+                          text if len(text) < 200 else text[:197] + "...")
+        out.print(table)
+        return 0
+    _run(go)
+
+
+@app.command("stats")
+def stats(tasks: TasksArg, format: Format = None, grades: Grades = None,
+          as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False
+          ) -> None:
+    """The set's make-up: splits, tiers, tags, languages, test counts."""
+    def go() -> int:
+        from sandloop.curation.sets import make_up, set_version
+
+        ts = _load(tasks, format)
+        data = {"set_version": set_version(ts), **make_up(ts, _load_grades(tasks, grades))}
+        if as_json:
+            print(json.dumps(data))
+            return 0
+        out = Console()
+        table = Table(title=f"{tasks}: {len(ts)} tasks, version {data['set_version']}",
+                      show_header=False)
+        for key in ("split", "tier", "language", "test_kind", "tag"):
+            counts: dict[str, int] = data[key]
+            table.add_row(key, ", ".join(f"{k} {v}" for k, v in list(counts.items())[:20]) or "-")
+        table.add_row("with reference", str(data["with_reference"]))
+        for key in ("hidden_tests", "public_tests"):
+            d = data[key]
+            table.add_row(key.replace("_", " "), f"min {d['min']}, median {d['median']}, max "
+                          f"{d['max']}, total {d['total']}" if d else "-")
+        out.print(table)
+        return 0
+    _run(go)
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+def _validate(task_list: list[Task], against: Sequence[Task], cfg: Any, db: Path | None,
+              no_db: bool, slots: int | None, no_isolation: bool) -> ValidationRun:
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sandloop import _aio as aio
+    from sandloop.cli.score import default_db_path
+    from sandloop.curation.validate import validate_tasks
+    from sandloop.engine import Engine
+    from sandloop.store import ResultStore, StoreError
+
+    store = None
+    if not no_db:
+        path = db or default_db_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store = ResultStore(path)
+        except (StoreError, OSError) as e:
+            raise _BadInput(str(e)) from None
+    started = time.perf_counter()
+
+    async def run() -> ValidationRun:
+        async with Engine(slots=slots, isolation="none" if no_isolation else "full",
+                          max_attempts=1) as engine:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=err, disable=not sys.stderr.isatty(),
+                          transient=True) as bar:
+                job = bar.add_task("validating", total=0)
+
+                def phase(name: str, n: int) -> None:
+                    bar.update(job, description=name, total=n, completed=0)
+
+                return await validate_tasks(
+                    task_list, engine.runner(priority="background", client="curation"),
+                    config=cfg, against=against, store=store,
+                    concurrency=4 * engine.backend.slots,
+                    on_result=lambda: bar.advance(job), on_phase=phase)
+
+    try:
+        result = aio.run(run())
+    finally:
+        if store is not None:
+            store.close()
+    return result.model_copy(update={"elapsed_s": round(time.perf_counter() - started, 3)})
+
+
+def _print_validation(res: ValidationRun, title: str) -> None:
+    out = Console()
+    table = Table(title=title)
+    for col in ("task", "verdict", "problems", "mutation score"):
+        table.add_column(col)
+    colour = {"keep": "green", "review": "yellow", "reject": "red"}
+    for r in res.reports:
+        if r.verdict == "keep":
+            continue
+        table.add_row(r.id, f"[{colour[r.verdict]}]{r.verdict}[/]",
+                      "\n".join(f"{p.code.value}: {p.detail}" for p in r.problems),
+                      "-" if r.mutation_score is None else f"{r.mutation_score:.2f}")
+    if table.row_count:
+        out.print(table)
+    verdicts = Counter(r.verdict for r in res.reports)
+    codes = Counter(p.code.value for r in res.reports for p in r.problems)
+    out.print(f"[bold]{len(res.reports)} tasks[/]: keep {verdicts['keep']}, review "
+              f"{verdicts['review']}, reject {verdicts['reject']}")
+    out.print("problems: " + (", ".join(f"{c} {n}" for c, n in codes.most_common()) or "none"))
+    out.print(f"{res.runs} sandbox runs, {res.cached} results reused from the store, "
+              f"{res.mutants} mutants, {res.elapsed_s:.1f} s")
+
+
+def _config(repeat: int, max_mutants: int, min_mutation_score: float, slow_fraction: float,
+            duplicate_threshold: float, ngram: int, contamination_overlap: float,
+            hash_seeds: list[int] | None, checks: list[str] | None) -> Any:
+    from pydantic import ValidationError
+
+    from sandloop.curation.problems import ProblemCode
+    from sandloop.curation.validate import ValidateConfig
+
+    try:
+        chosen = frozenset(ProblemCode(c) for c in checks) if checks else frozenset(ProblemCode)
+        return ValidateConfig(repeat=repeat, max_mutants=max_mutants,
+                              min_mutation_score=min_mutation_score, slow_fraction=slow_fraction,
+                              duplicate_threshold=duplicate_threshold, ngram=ngram,
+                              contamination_overlap=contamination_overlap,
+                              hash_seeds=tuple(hash_seeds or (1, 2, 3)), checks=chosen)
+    except (ValidationError, ValueError) as e:
+        raise _BadInput(f"invalid validation options: {e}") from None
+
+
+Against = Annotated[list[str] | None, typer.Option(
+    "--against", help="Another task set: duplicates of it and eval tasks sharing n-grams with it "
+                      "are flagged (repeatable).")]
+Repeat = Annotated[int, typer.Option("--repeat", help="Reference runs for the flaky check.")]
+MaxMutants = Annotated[int, typer.Option("--max-mutants", help="Mutants per task (0: none).")]
+MinScore = Annotated[float, typer.Option("--min-mutation-score",
+                                         help="weak_tests below this share of mutants killed.")]
+SlowFraction = Annotated[float, typer.Option(
+    "--slow-fraction", help="slow_reference above this share of the time limit.")]
+DupThreshold = Annotated[float, typer.Option(
+    "--duplicate-threshold", help="Prompt shingle Jaccard similarity for `duplicate`.")]
+Ngram = Annotated[int, typer.Option("--ngram", help="n of the contamination n-grams.")]
+Overlap = Annotated[float, typer.Option(
+    "--contamination-overlap", help="Share of an eval task's n-grams found in one train task.")]
+Seeds = Annotated[list[int] | None, typer.Option(
+    "--hash-seed", help="PYTHONHASHSEED values for `nondeterministic` (repeatable; default 1 2 3).")]
+Checks = Annotated[list[str] | None, typer.Option(
+    "--check", help="Run only these problem codes' checks (repeatable; default: all).")]
+Db = Annotated[Path | None, typer.Option(
+    "--db", help="Result store; default $SANDLOOP_DB or ~/.cache/sandloop/results.db.")]
+NoDb = Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")]
+Slots = Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")]
+NoIsolation = Annotated[bool, typer.Option(
+    "--no-isolation", help="Explicit opt-out: run WITHOUT isolation (trusted code only).")]
+
+
+@app.command("validate")
+def validate(
+    tasks: TasksArg,
+    against: Against = None,
+    repeat: Repeat = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per task.")] = False,
+    report: Annotated[Path | None, typer.Option("--report", help="Write an HTML quality report.")]
+    = None,
+    exit_zero: Annotated[bool, typer.Option(
+        "--exit-zero", help="Exit 0 even when tasks are rejected (demos, dashboards).")] = False,
+    format: Format = None,
+    max_mutants: MaxMutants = 12,
+    min_mutation_score: MinScore = 0.6,
+    slow_fraction: SlowFraction = 0.5,
+    duplicate_threshold: DupThreshold = 0.8,
+    ngram: Ngram = 13,
+    contamination_overlap: Overlap = 0.2,
+    hash_seed: Seeds = None,
+    check: Checks = None,
+    db: Db = None,
+    no_db: NoDb = False,
+    slots: Slots = None,
+    no_isolation: NoIsolation = False,
+) -> None:
+    """Check every task (reference, flakiness, degenerate answers, mutation testing, slow
+    reference, duplicates, contamination, hash-seed dependence): keep, review or reject.
+
+    Exit 0 when nothing is rejected, 1 otherwise, 2 on bad input.
+    """
+    def go() -> int:
+        cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
+                      duplicate_threshold, ngram, contamination_overlap, hash_seed, check)
+        task_list = _load(tasks, format)
+        others = [t for a in against or () for t in _load(a, None)]
+        res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
+        if as_json:
+            for r in res.reports:
+                print(r.model_dump_json())
+        else:
+            _print_validation(res, f"sandloop tasks validate {tasks}")
+        if report is not None:
+            from sandloop.curation.report import write_report
+
+            write_report(report, res, title=f"Task quality: {tasks}")
+            err.print(f"report written to {report}")
+        rejected = any(r.verdict == "reject" for r in res.reports)
+        return 1 if rejected and not exit_zero else 0
+    _run(go)
+
+
+@app.command("curate")
+def curate(
+    tasks: TasksArg,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Where the kept tasks go (JSONL); the "
+                                                        "manifest goes next to it.")],
+    against: Against = None,
+    drop_review: Annotated[bool, typer.Option(
+        "--drop-review", help="Also leave out tasks marked for review.")] = False,
+    format: Format = None,
+    grades: Grades = None,
+    repeat: Repeat = 5,
+    max_mutants: MaxMutants = 12,
+    min_mutation_score: MinScore = 0.6,
+    slow_fraction: SlowFraction = 0.5,
+    duplicate_threshold: DupThreshold = 0.8,
+    ngram: Ngram = 13,
+    contamination_overlap: Overlap = 0.2,
+    db: Db = None,
+    no_db: NoDb = False,
+    slots: Slots = None,
+    no_isolation: NoIsolation = False,
+) -> None:
+    """Validate, then write the kept tasks and a manifest (set version, make-up, changelog of
+    what was removed and why) to OUT and OUT's .manifest.json."""
+    def go() -> int:
+        from sandloop.curation.sets import make_manifest
+
+        cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
+                      duplicate_threshold, ngram, contamination_overlap, None, None)
+        task_list = _load(tasks, format)
+        others = [t for a in against or () for t in _load(a, None)]
+        res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
+        kept, manifest = make_manifest(tasks, task_list, res.reports, drop_review=drop_review,
+                                       grades=_load_grades(tasks, grades),
+                                       validation=cfg.model_dump(mode="json"))
+        _write_jsonl(out, [t.to_json() for t in kept])
+        mpath = manifest_path(out)
+        mpath.write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n",
+                         encoding="utf-8")
+        _print_validation(res, f"sandloop tasks curate {tasks}")
+        Console().print(f"kept {manifest.kept} of {len(task_list)} tasks -> {out} (version "
+                        f"{manifest.set_version}); manifest {mpath}")
+        return 0
+    _run(go)
+
+
+def manifest_path(tasks_file: Path) -> Path:
+    """``CLEAN.jsonl`` -> ``CLEAN.manifest.json``."""
+    return tasks_file.with_name(tasks_file.name.split(".")[0] + ".manifest.json")
+
+
+@app.command("diff")
+def diff(a: Annotated[str, typer.Argument(help="The older set.")],
+         b: Annotated[str, typer.Argument(help="The newer set.")],
+         as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False
+         ) -> None:
+    """What changed between two versions of a task set (ids added, removed, changed), with the
+    removal reasons from B's manifest when it has one."""
+    def go() -> int:
+        from sandloop.curation.sets import diff_sets
+
+        d = diff_sets(_load(a, None), _load(b, None))
+        reasons: dict[str, list[str]] = {}
+        mp = manifest_path(Path(_resolve(b)))
+        if mp.is_file():
+            try:
+                for rm in json.loads(mp.read_text(encoding="utf-8")).get("removed", []):
+                    reasons[rm["id"]] = rm.get("codes", [])
+            except (ValueError, KeyError, TypeError):
+                err.print(f"[yellow]warning:[/] {mp} is not a manifest; reasons not shown")
+        if as_json:
+            print(json.dumps({**d.model_dump(), "removal_reasons": reasons}))
+            return 0
+        out = Console()
+        out.print(f"{a} ({d.a_version}) -> {b} ({d.b_version}): {len(d.added)} added, "
+                  f"{len(d.removed)} removed, {len(d.changed)} changed, {d.unchanged} unchanged")
+        for tid in d.added:
+            out.print(f"[green]+ {tid}[/]")
+        for tid in d.removed:
+            why = f"  ({', '.join(reasons[tid])})" if tid in reasons else ""
+            out.print(f"[red]- {tid}[/]{why}")
+        for tid in d.changed:
+            out.print(f"[yellow]~ {tid}[/]")
+        return 0
+    _run(go)
+
+
+@app.command("grade")
+def grade(
+    tasks: TasksArg,
+    rollouts: Annotated[list[Path], typer.Option(
+        "--rollouts", help="JSONL with task_id and reward per line: `sandloop score --out` "
+                           "results or rollout logs (repeatable).")],
+    out: Annotated[Path | None, typer.Option(
+        "-o", "--out", help="Grades file; default TASKS.grades.json next to the set.")] = None,
+    format: Format = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the grades as JSON.")] = False,
+) -> None:
+    """Turn observed pass rates into a Beta posterior and a tier per task (saturated, easy,
+    medium, hard, unsolved), stored next to the task set."""
+    def go() -> int:
+        from sandloop.curation.difficulty import grade as grade_rewards
+        from sandloop.curation.sets import set_version
+        from sandloop.jsonl import JsonLineError, json_objects
+
+        ts = _load(tasks, format)
+        ids = {t.id for t in ts}
+        rewards: dict[str, list[float | None]] = {t.id: [] for t in ts}
+        unknown: Counter[str] = Counter()
+        for path in rollouts:
+            try:
+                with path.open(encoding="utf-8") as fh:
+                    for lineno, rec in json_objects(fh):
+                        tid, r = rec.get("task_id"), rec.get("reward")
+                        if not isinstance(tid, str) or not (r is None or isinstance(r, int | float)):
+                            raise _BadInput(f"{path}:{lineno}: needs 'task_id' (string) and "
+                                            "'reward' (number or null)")
+                        if tid not in ids:
+                            unknown[tid] += 1
+                            continue
+                        rewards[tid].append(None if r is None else float(r))
+            except OSError as e:
+                raise _BadInput(f"{path}: cannot read: {e.strerror or e}") from None
+            except JsonLineError as e:
+                raise _BadInput(f"{path}:{e.line}: {e.reason}") from None
+        if unknown:
+            err.print(f"[yellow]warning:[/] {sum(unknown.values())} lines name tasks not in the "
+                      f"set (e.g. {next(iter(unknown))!r}); ignored")
+        graded = grade_rewards(rewards)
+        data = {"schema": "sandloop.grades/v1", "set_version": set_version(ts),
+                "tasks": {k: v.model_dump() for k, v in graded.items()}}
+        path = out or _grades_path(tasks)
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        if as_json:
+            print(json.dumps(data))
+        else:
+            tiers = Counter(v.tier for v in graded.values())
+            Console().print(f"graded {len(graded)} tasks -> {path}: "
+                            + ", ".join(f"{t} {tiers[t]}" for t in
+                                        ("saturated", "easy", "medium", "hard", "unsolved")))
+        return 0
+    _run(go)
+
+
+@app.command("split")
+def split(
+    tasks: TasksArg,
+    eval_fraction: Annotated[float | None, typer.Option(
+        "--eval-fraction", help="Share of tasks in eval.")] = None,
+    released_after: Annotated[str | None, typer.Option(
+        "--released-after", help="Instead: eval = tasks released on or after this date "
+                                 "(YYYY-MM-DD, from their released: tag, e.g. LiveCodeBench).")]
+    = None,
+    out_dir: Annotated[Path, typer.Option("-o", "--out-dir", help="Writes train.jsonl, "
+                                          "eval.jsonl and split.json here.")] = Path("."),
+    seed: Annotated[int, typer.Option("--seed", help="Shuffle seed (same seed, same split).")]
+    = 0,
+    format: Format = None,
+    grades: Grades = None,
+    ngram: Ngram = 13,
+    contamination_overlap: Overlap = 0.2,
+) -> None:
+    """A train/eval split stratified by tier and tag, with no eval task sharing long n-grams
+    with (or near-duplicating) a train task; the eval set is pinned by its hash in split.json."""
+    def go() -> int:
+        from sandloop.curation.sets import set_version, split_tasks
+
+        ts = _load(tasks, format)
+        try:
+            if (eval_fraction is None) == (released_after is None):
+                raise ValueError("give one of --eval-fraction and --released-after")
+            train, evals = split_tasks(ts, eval_fraction, seed=seed,
+                                       grades=_load_grades(tasks, grades), ngram=ngram,
+                                       overlap=contamination_overlap,
+                                       released_after=released_after)
+        except ValueError as e:
+            raise _BadInput(str(e)) from None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(out_dir / "train.jsonl", [t.to_json() for t in train])
+        _write_jsonl(out_dir / "eval.jsonl", [t.to_json() for t in evals])
+        info = {"schema": "sandloop.split/v1", "source": tasks, "source_version": set_version(ts),
+                "seed": seed, "eval_fraction": eval_fraction,
+                "released_after": released_after, "train": len(train),
+                "eval": len(evals), "train_version": set_version(train),
+                "eval_version": set_version(evals)}
+        (out_dir / "split.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        Console().print(f"train {len(train)} ({info['train_version']}), eval {len(evals)} "
+                        f"(pinned: {info['eval_version']}) -> {out_dir}")
+        return 0
+    _run(go)
