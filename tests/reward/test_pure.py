@@ -18,6 +18,7 @@ from sandloop.reward import (
     values_equal,
 )
 from sandloop.reward.assemble import assemble, extract_code
+from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.tasks import CallTest, IOTest, Task
 from sandloop.tasks.values import Opaque
 
@@ -156,3 +157,15 @@ def test_assemble_format_error_and_stdio() -> None:
                   hidden_tests=(IOTest(name="a", stdin="", expected_stdout="1"),))
     assert assemble(stdio, "print(1)").source == "print(1)"
     assert extract_code("no fence") == ("no fence", False)
+
+
+def test_stored_results_are_keyed_by_the_judging_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fix to the comparison (outside the sandbox) must not leave old verdicts in the store.
+    from sandloop.reward import verifier as verifier_module
+
+    async def never(program: Program, limits: Limits) -> ExecResult:
+        raise AssertionError("not run")
+
+    before = verifier_module.Verifier(never).config_hash()
+    monkeypatch.setattr(verifier_module, "_JUDGE_HASH", "changed")
+    assert verifier_module.Verifier(never).config_hash() != before

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +59,21 @@ def _harness_files() -> tuple[str, str]:
 
 _HARNESS, _VALUES = _harness_files()
 _HARNESS_HASH = hashlib.sha256((_HARNESS + _VALUES).encode()).hexdigest()[:12]
+
+
+def _judge_hash() -> str:
+    """Hash of the code that judges outside the sandbox (comparison, assembly, verdicts, reward
+    shaping, this module). Stored results are keyed by it, so a fix there (e.g. a comparison
+    that called correct booleans wrong) invalidates the results it would change instead of
+    reusing them forever."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("compare.py", "assemble.py", "verdicts.py", "verifier.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+_JUDGE_HASH = _judge_hash()
 
 # The sandbox's Python is this interpreter, so the harness ships compiled (marshal): compiling its
 # source took ~20 ms of every run. The stub falls back to the source if the interpreter differs.
@@ -187,6 +203,7 @@ class Verifier:
             {
                 "harness": HARNESS_VERSION,
                 "harness_src": _HARNESS_HASH,
+                "judge_src": _JUDGE_HASH,
                 "reward": self.reward.model_dump(mode="json"),
                 "comparison": self.comparison.model_dump(mode="json") if self.comparison else None,
                 "max_run_s": self.max_run_s,
