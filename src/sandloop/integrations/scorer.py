@@ -79,6 +79,7 @@ class Scorer:
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._verifier: Verifier | None = None
+        self._engine_lock: asyncio.Lock | None = None
         self._lock = threading.Lock()
         self.rollout_log = Path(rollout_log) if rollout_log is not None else None
         self.run_id = run_id
@@ -112,11 +113,18 @@ class Scorer:
 
     async def _start_engine(self) -> Verifier:
         if self._verifier is None:
-            engine = Engine(slots=self.slots, isolation=self.isolation, max_attempts=1)
-            await engine.start()
-            self._engine = engine
-            self._verifier = Verifier(engine.runner(priority=self.priority, client=self.client),
-                                      reward=self.reward)
+            # Concurrent first calls (OpenRLHF scores each sample on its own thread) must not
+            # each start an engine: the extra ones would hold slots and never be closed.
+            if self._engine_lock is None:  # made on the loop thread, where it is used
+                self._engine_lock = asyncio.Lock()
+            async with self._engine_lock:
+                if self._verifier is None:
+                    engine = Engine(slots=self.slots, isolation=self.isolation, max_attempts=1)
+                    await engine.start()
+                    self._engine = engine
+                    self._verifier = Verifier(
+                        engine.runner(priority=self.priority, client=self.client),
+                        reward=self.reward)
         return self._verifier
 
     async def _score_local(self, pairs: list[tuple[Task, ScoreItem]]) -> list[CompletionResult]:
@@ -217,6 +225,7 @@ class Scorer:
             self._thread.join(10)
         self._loop = self._thread = None
         self._engine = self._verifier = None
+        self._engine_lock = None
 
     def __enter__(self) -> Scorer:
         return self

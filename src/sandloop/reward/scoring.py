@@ -23,18 +23,21 @@ class CompletionFileError(RewardError, InputError):
 
 
 class Completion(BaseModel):
-    """One model completion to score."""
+    """One model completion to score. ``step`` and ``group``: the training step and rollout
+    group it came from, when the file says (for the reward monitor's rollout log)."""
 
     model_config = ConfigDict(frozen=True)
 
     task_id: str
     completion: str
     completion_id: str
+    step: int | None = None
+    group: str | None = None
 
 
 def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
-    """Read ``{"task_id", "completion"[, "completion_id"]}`` lines. A missing completion_id
-    becomes the completion's ordinal among those of its task ("0", "1", ...)."""
+    """Read ``{"task_id", "completion"[, "completion_id", "step", "group"]}`` lines. A missing
+    completion_id becomes the completion's ordinal among those of its task ("0", "1", ...)."""
     out: list[Completion] = []
     per_task: dict[str, int] = {}
     try:
@@ -57,11 +60,18 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
             raise CompletionFileError(
                 f"{where}: field 'task_id': {tid!r} is not in the task set"
             )
+        step, group = rec.get("step"), rec.get("group")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                 or step < 0):
+            raise CompletionFileError(f"{where}: field 'step': not a non-negative integer")
+        if group is not None and (not isinstance(group, str | int) or isinstance(group, bool)):
+            raise CompletionFileError(f"{where}: field 'group': not a string or integer")
         n = per_task.get(tid, 0)
         per_task[tid] = n + 1
         cid = rec.get("completion_id")
         out.append(Completion(task_id=tid, completion=text,
-                              completion_id=str(cid) if cid is not None else str(n)))
+                              completion_id=str(cid) if cid is not None else str(n),
+                              step=step, group=None if group is None else str(group)))
     return out
 
 
