@@ -101,3 +101,30 @@ def test_serve_refuses_a_file_that_is_not_a_rollout_log(tmp_path: Path) -> None:
     bad.write_text("not sqlite\n" * 100)
     r = sh("serve", "--port", str(free_port()), "--rollout-log", str(bad))
     assert r.returncode == 2 and "rollout log" in r.stderr
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_demo_run_file_is_what_its_generator_writes(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(EXAMPLES / "make_demo_run.py"),
+                        str(tmp_path / "run.jsonl")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run.jsonl").read_bytes() == (EXAMPLES / "demo_run.jsonl").read_bytes()
+
+
+def test_make_demo_monitored_run_raises_the_hack_alert(tmp_path: Path) -> None:
+    """What `make demo` runs last: the demo run scored into a rollout log, analysed, reported."""
+    log, report = tmp_path / "run.db", tmp_path / "report.html"
+    r = sh("score", "--tasks", "humaneval", "--completions", str(EXAMPLES / "demo_run.jsonl"),
+           "--no-db", "--json", "--rollout-log", str(log), "--run-id", "demo")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["null_rewards"] == 0
+    r = sh("monitor", "analyze", str(log), "--json")
+    assert r.returncode == 0, r.stderr
+    *alerts, summary = (json.loads(x) for x in r.stdout.splitlines())
+    assert [(a["code"], a["step"]) for a in alerts] == [("reward_hack_suspected", 8)]
+    assert summary["summary"]["steps"] == 10 and summary["summary"]["rollouts"] == 120
+    r = sh("monitor", "report", str(log), "-o", str(report))
+    assert r.returncode == 0 and str(report) in r.stderr.replace("\n", "")
+    assert "reward_hack_suspected" in report.read_text()
