@@ -4,6 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_STAMP := $(VENV)/.deb-installed
+DEMO := $(CURDIR)/build/demo
 # gcc/g++/nodejs/bash: the sandboxed languages (gcc + libc6-dev also build the C helper that
 # each run uses to isolate itself); libseccomp2: the seccomp filter compiler; chromium: the
 # monitor dashboard's end-to-end test (headless).
@@ -46,6 +47,13 @@ demo: $(STAMP)
 	# Task validation of a bundled set with one planted defect per problem code; --exit-zero
 	# because rejecting those tasks is the point of the demo (it exits 1 on rejects otherwise).
 	$(VENV)/bin/sandloop tasks validate curation-demo --exit-zero --no-db
+	# A small monitored training run: score its rollouts step by step into a rollout log, then
+	# the monitor's alerts and report (hacks appear from step 7; the alert comes at step 8).
+	@rm -f $(DEMO)/run.db $(DEMO)/run.db-wal $(DEMO)/run.db-shm
+	$(VENV)/bin/sandloop score --tasks humaneval --completions examples/demo_run.jsonl --json \
+	  --db $(DEMO)/results.db --rollout-log $(DEMO)/run.db --run-id demo
+	$(VENV)/bin/sandloop monitor analyze $(DEMO)/run.db
+	$(VENV)/bin/sandloop monitor report $(DEMO)/run.db -o $(DEMO)/report.html
 
 test: $(STAMP) $(UML_STAMP)
 	$(VPY) -m ruff check src tests benchmarks

@@ -263,13 +263,18 @@ def score(
     no_isolation: NoIsolation = False,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
     preload: Preload = None,
+    step: Annotated[int | None, typer.Option("--step", help="Training step of these rollouts (a line's 'step' wins); needs --rollout-log.")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Rollout group (a line's 'group' wins; default: the task id).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Training run in the rollout log (default: default).")] = None,
+    rollout_log: Annotated[Path | None, typer.Option("--rollout-log", help="Append the scored rollouts to this SQLite rollout log; default $SANDLOOP_ROLLOUT_LOG.")] = None,
 ) -> None:
     """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
     from sandloop.cli.score import score_command
 
     raise typer.Exit(score_command(tasks, completions, out, format, db, no_db, tuple(k or (1, 10, 100)),
                                    reward, reward_on, time_scale, slots, no_isolation, as_json,
-                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ())))
+                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ()),
+                                   step=step, group=group, run_id=run_id, rollout_log=rollout_log))
 
 
 @app.command()
@@ -308,8 +313,12 @@ def serve(
                               "on.")] = False,
     public_metrics: Annotated[bool, typer.Option(
         "--public-metrics", help="Serve /metrics without a key when keys are on.")] = False,
+    rollout_log: Annotated[Path | None, typer.Option(
+        "--rollout-log", help="SQLite log of the scored rollouts that come with a training step "
+                              "(read by `sandloop monitor`).")] = None,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
+    from sandloop.monitor.rolloutlog import RolloutLogError
     from sandloop.server.auth import KeysFileError
     from sandloop.server.cli import serve_command
     from sandloop.server.usage import UsageLedgerError
@@ -320,8 +329,8 @@ def serve(
                       tuple(preload or ()), usage_db, max_sessions=max_sessions,
                       max_sessions_per_key=max_sessions_per_key,
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
-                      public_metrics=public_metrics)
-    except (ValueError, KeysFileError, UsageLedgerError) as e:
+                      public_metrics=public_metrics, rollout_log=rollout_log)
+    except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
 

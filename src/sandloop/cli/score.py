@@ -16,12 +16,20 @@ from rich.table import Table
 
 from sandloop import _aio as aio
 from sandloop.engine import Engine
-from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
+from sandloop.errors import MonitorError
+from sandloop.monitor.capture import rollouts_of
+from sandloop.monitor.rolloutlog import RolloutLog
+from sandloop.reward.scoring import (
+    Completion,
+    CompletionFileError,
+    read_completions,
+    score_all,
+)
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
 from sandloop.sandbox.slot import preload_with
 from sandloop.store import ResultStore, StoreError
-from sandloop.tasks import TaskFormatError, load_tasks
+from sandloop.tasks import Task, TaskFormatError, load_tasks
 
 __all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "score_command"]
 
@@ -87,8 +95,16 @@ def score_command(
     by_kind: bool = False,
     priority: str = "train",
     preload_extra: Sequence[str] = (),
+    step: int | None = None,
+    group: str | None = None,
+    run_id: str | None = None,
+    rollout_log: Path | None = None,
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
+
+    With ``rollout_log`` (default ``$SANDLOOP_ROLLOUT_LOG``) the scored completions are appended
+    to that SQLite rollout log as rollouts of training step ``step`` (a line's own ``step``
+    wins), group ``group`` (a line's own ``group`` wins; default: the task id), run ``run_id``.
 
     0: scored (even if rewards are low); 1: some rewards are null (infrastructure failures);
     2: bad input (task set, completions file, options) or the store cannot be opened.
@@ -106,6 +122,12 @@ def score_command(
         items = read_completions(completions, by_id)
     except (TaskFormatError, CompletionFileError) as e:
         err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        return 2
+    if rollout_log is None and os.environ.get("SANDLOOP_ROLLOUT_LOG"):
+        rollout_log = Path(os.environ["SANDLOOP_ROLLOUT_LOG"])
+    problem = _rollout_options_problem(items, step, rollout_log)
+    if problem:
+        err.print(f"[red]error:[/] {problem}", soft_wrap=True)
         return 2
     store = None
     if not no_db:
@@ -148,6 +170,14 @@ def score_command(
             store.close()
     if out is not None:
         _write_jsonl_atomic(out, results)
+    if rollout_log is not None:
+        try:
+            n = _append_rollouts(rollout_log, items, results, step, group, run_id, by_id)
+        except (MonitorError, OSError) as e:
+            err.print(f"[red]error:[/] {e}", soft_wrap=True)
+            return 2
+        err.print(f"{n} rollouts -> {rollout_log} (run {run_id or 'default'})",
+                  soft_wrap=True, markup=False, highlight=False)
     summary = summarize(
         ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=tuple(k)
     )
@@ -160,6 +190,36 @@ def score_command(
         if by_kind:
             _print_by_kind(console, results)
     return 1 if summary.null_rewards else 0
+
+
+def _rollout_options_problem(items: Sequence[Completion], step: int | None,
+                             rollout_log: Path | None) -> str | None:
+    if step is not None and step < 0:
+        return f"--step must be a non-negative integer, got {step}"
+    if rollout_log is None:
+        if step is not None:
+            return ("--step tags the rollouts of a rollout log: add --rollout-log PATH (or set "
+                    "SANDLOOP_ROLLOUT_LOG)")
+        return None
+    if step is None and any(c.step is None for c in items):
+        return ("--rollout-log needs the training step of every completion: pass --step N "
+                "or give each completions line a 'step' field")
+    return None
+
+
+def _append_rollouts(path: Path, items: Sequence[Completion],
+                     results: Sequence[CompletionResult], step: int | None, group: str | None,
+                     run_id: str | None, tasks: dict[str, Task]) -> int:
+    rollouts = []
+    for c, r in zip(items, results, strict=True):
+        st = c.step if c.step is not None else step
+        assert st is not None  # checked before scoring (_rollout_options_problem)
+        rollouts.extend(rollouts_of([r], [c.completion], step=st,
+                                    groups=[c.group if c.group is not None else group],
+                                    run_id=run_id, tasks=tasks))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with RolloutLog(path) as log:
+        return log.append(rollouts, run_id or "default")
 
 
 def _print_by_kind(console: Console, results: Sequence[CompletionResult]) -> None:

@@ -3,6 +3,10 @@
 The embedded engine lives on its own event-loop thread, so one ``Scorer`` serves sync callers
 (verl's ``compute_score``, OpenRLHF's ``reward_func``) and async ones (TRL's async reward
 functions) from any thread or loop.
+
+Scores that come with a training ``step`` are rollouts for the reward monitor: the server is told
+the step, run and each item's group (headers ``X-Sandloop-Step``/``-Run``, item field ``group``),
+and with ``rollout_log`` they are also appended to a SQLite rollout log here.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ import contextlib
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sandloop.engine import Engine
+from sandloop.monitor.capture import rollouts_of
+from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.tasks import Task, load_tasks, resolve_task
 
@@ -26,12 +33,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ScoreItem:
-    """One completion and the label (task id, task record or tests) it is scored against."""
+    """One completion and the label (task id, task record or tests) it is scored against.
+
+    ``group``: the rollouts of one prompt in one training step (for the reward monitor; default:
+    the task id)."""
 
     label: Any
     completion: str
     completion_id: str | None = None
     language: str | None = None
+    group: str | None = None
 
 
 class Scorer:
@@ -41,6 +52,8 @@ class Scorer:
     this process (``slots``, ``isolation``). ``task_sets``: task sets whose ids labels may name
     (built-in names or JSONL paths; local mode); ``tasks``: extra tasks. ``reward``: how tests
     become a reward (binary by default; ``RewardConfig(mode="fraction")`` for partial credit).
+    ``rollout_log``: a SQLite rollout log that scores with a ``step`` are appended to, under
+    ``run_id`` (default ``"default"``; also sent to the server).
     """
 
     def __init__(self, *, url: str | None = None, api_key: str | None = None,
@@ -48,7 +61,8 @@ class Scorer:
                  reward: RewardConfig | None = None, slots: int | None = None,
                  isolation: str = "full", priority: str | int = "train",
                  client: str = "trainer", concurrency: int = 64,
-                 request_timeout_s: float = 600.0) -> None:
+                 request_timeout_s: float = 600.0, rollout_log: str | Path | None = None,
+                 run_id: str | None = None) -> None:
         self.url = url.rstrip("/") if url else None
         self.api_key = api_key
         self.reward = reward or RewardConfig()
@@ -65,7 +79,11 @@ class Scorer:
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._verifier: Verifier | None = None
+        self._engine_lock: asyncio.Lock | None = None
         self._lock = threading.Lock()
+        self.rollout_log = Path(rollout_log) if rollout_log is not None else None
+        self.run_id = run_id
+        self._log: RolloutLog | None = None
 
     # -- tasks -----------------------------------------------------------------------------
     @property
@@ -95,11 +113,18 @@ class Scorer:
 
     async def _start_engine(self) -> Verifier:
         if self._verifier is None:
-            engine = Engine(slots=self.slots, isolation=self.isolation)
-            await engine.start()
-            self._engine = engine
-            self._verifier = Verifier(engine.runner(priority=self.priority, client=self.client),
-                                      reward=self.reward)
+            # Concurrent first calls (OpenRLHF scores each sample on its own thread) must not
+            # each start an engine: the extra ones would hold slots and never be closed.
+            if self._engine_lock is None:  # made on the loop thread, where it is used
+                self._engine_lock = asyncio.Lock()
+            async with self._engine_lock:
+                if self._verifier is None:
+                    engine = Engine(slots=self.slots, isolation=self.isolation)
+                    await engine.start()
+                    self._engine = engine
+                    self._verifier = Verifier(
+                        engine.runner(priority=self.priority, client=self.client),
+                        reward=self.reward)
         return self._verifier
 
     async def _score_local(self, pairs: list[tuple[Task, ScoreItem]]) -> list[CompletionResult]:
@@ -113,13 +138,19 @@ class Scorer:
         return list(await asyncio.gather(*(one(t, i) for t, i in pairs)))
 
     # -- remote ------------------------------------------------------------------------------
-    async def _score_remote(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
+    async def _score_remote(self, items: Sequence[ScoreItem],
+                            step: int | None = None) -> list[CompletionResult]:
         import httpx
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if step is not None:  # the server's monitor records the rollouts of a training step
+            headers["X-Sandloop-Step"] = str(step)
+            if self.run_id:
+                headers["X-Sandloop-Run"] = self.run_id
         body = {
             "items": [{"task": i.label, "completion": i.completion,
-                       "completion_id": i.completion_id, "language": i.language}
+                       "completion_id": i.completion_id, "language": i.language,
+                       **({"group": i.group} if i.group is not None else {})}
                       for i in items],
             "reward": self.reward.model_dump(mode="json"),
             "priority": self.priority,
@@ -135,25 +166,54 @@ class Scorer:
             raise RuntimeError(f"sandloop server answered {resp.status_code}: {resp.text[:500]}")
         return [CompletionResult.model_validate(r) for r in resp.json()["results"]]
 
+    # -- the rollout log ---------------------------------------------------------------------
+    def _record(self, items: Sequence[ScoreItem], results: Sequence[CompletionResult],
+                step: int | None, pairs: Sequence[tuple[Task, ScoreItem]] = ()) -> None:
+        if step is None or self.rollout_log is None:
+            return
+        with self._lock:
+            if self._log is None:
+                self._log = RolloutLog(self.rollout_log)
+            log = self._log
+        log.append(rollouts_of(results, [i.completion for i in items], step=step,
+                               groups=[i.group for i in items], run_id=self.run_id,
+                               tasks={t.id: t for t, _ in pairs}),
+                   self.run_id or "default")
+
     # -- public ------------------------------------------------------------------------------
-    async def ascore(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
-        """Score ``items`` (results in order); usable from any event loop."""
+    async def ascore(self, items: Sequence[ScoreItem], *,
+                     step: int | None = None) -> list[CompletionResult]:
+        """Score ``items`` (results in order); usable from any event loop. With ``step`` (the
+        training step) the scores are rollouts for the reward monitor."""
         if self.url is not None:
-            return await self._score_remote(items)
+            results = await self._score_remote(items, step)
+            await asyncio.to_thread(self._record, items, results, step)
+            return results
         tasks = self.tasks
         pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
-        return await asyncio.wrap_future(self._call(self._score_local(pairs)))
+        results = await asyncio.wrap_future(self._call(self._score_local(pairs)))
+        await asyncio.to_thread(self._record, items, results, step, pairs)
+        return results
 
-    def score(self, items: Sequence[ScoreItem]) -> list[CompletionResult]:
+    def score(self, items: Sequence[ScoreItem], *,
+              step: int | None = None) -> list[CompletionResult]:
         """Blocking form of :meth:`ascore` (not from inside the engine's own loop)."""
         if self.url is not None:
-            return asyncio.run(self._score_remote(items))
+            results = asyncio.run(self._score_remote(items, step))
+            self._record(items, results, step)
+            return results
         tasks = self.tasks
         pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
-        return self._call(self._score_local(pairs)).result()
+        results = self._call(self._score_local(pairs)).result()
+        self._record(items, results, step, pairs)
+        return results
 
     def close(self) -> None:
-        """Stop the embedded engine (its slots) and its loop thread."""
+        """Stop the embedded engine (its slots) and its loop thread; close the rollout log."""
+        with self._lock:
+            log, self._log = self._log, None
+        if log is not None:
+            log.close()
         loop = self._loop
         if loop is None:
             return
@@ -165,6 +225,7 @@ class Scorer:
             self._thread.join(10)
         self._loop = self._thread = None
         self._engine = self._verifier = None
+        self._engine_lock = None
 
     def __enter__(self) -> Scorer:
         return self

@@ -6,6 +6,11 @@ concurrently. The dataset column named ``label_column`` (default: the first of `
 ``task``, ``tests``, ``ground_truth``, ``verification_info`` present) carries a task id or the
 tests. An infrastructure failure gives ``None`` (TRL excludes that sample), never 0.
 
+For the reward monitor each score is a rollout of step ``trainer_state.global_step``, grouped by
+prompt (TRL lays out the ``num_generations`` completions of one prompt consecutively; a group
+split over several processes keeps one id, derived from the prompt text). They are recorded by
+the server (remote scoring) and in the scorer's rollout log (``SANDLOOP_ROLLOUT_LOG``).
+
     from sandloop.integrations.trl import sandloop_reward
     trainer = GRPOTrainer(model, reward_funcs=[sandloop_reward()], train_dataset=ds, ...)
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sandloop.integrations._common import default_scorer, pass_fraction
+from sandloop.integrations._common import as_step, default_scorer, pass_fraction, run_groups
 from sandloop.integrations.scorer import ScoreItem, Scorer
 
 __all__ = ["LABEL_COLUMNS", "completion_text", "sandloop_reward"]
@@ -48,10 +53,12 @@ def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = 
                            f"add one of {LABEL_COLUMNS} or pass label_column=")
         labels = kwargs[col]
         langs = kwargs.get(language_column) or [None] * len(comps)
+        step = as_step(getattr(kwargs.get("trainer_state"), "global_step", None))
+        groups = run_groups(prompts if prompts is not None else labels)
         s = scorer or default_scorer()
         results = await s.ascore([
-            ScoreItem(label=lab, completion=completion_text(c), language=lang)
-            for lab, c, lang in zip(labels, comps, langs, strict=True)])
+            ScoreItem(label=lab, completion=completion_text(c), language=lang, group=g)
+            for lab, c, lang, g in zip(labels, comps, langs, groups, strict=True)], step=step)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric) and results:
             log_metric("sandloop/pass_fraction",

@@ -17,8 +17,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sandloop.monitor.analysis import Monitor
+from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.detectors import ALERT_CODES, Alert, Thresholds
-from sandloop.monitor.records import Rollout
 from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.monitor.stats import StepStats
 from sandloop.reward.verifier import CompletionResult
@@ -99,24 +99,19 @@ class LiveMonitor:
 
     def record(self, results: Sequence[CompletionResult], completions: Sequence[str], *,
                step: int, group: str | None = None, run_id: str | None = None,
-               tasks: dict[str, Any] | None = None) -> list[Alert]:
+               tasks: dict[str, Any] | None = None,
+               groups: Sequence[str | None] | None = None) -> list[Alert]:
         """Record one request's scored completions (same order); returns new alerts.
 
-        ``group`` defaults to the task id (the rollouts of one prompt); ``tasks`` (id -> Task)
-        supplies each task's difficulty and data source.
+        ``groups`` gives each completion its group (None: ``group``); ``group`` defaults to the
+        task id (the rollouts of one prompt); ``tasks`` (id -> Task) supplies each task's
+        difficulty and data source.
         """
         run = run_id or "default"
-        rollouts = []
-        for res, text in zip(results, completions, strict=True):
-            task = (tasks or {}).get(res.task_id)
-            rollouts.append(Rollout(
-                step=step, task_id=res.task_id, completion=text, reward=res.reward,
-                group=group, verdict=res.verdict.value, public_passed=res.public.passed,
-                public_total=res.public.total, hidden_passed=res.hidden.passed,
-                hidden_total=res.hidden.total, wall_time_s=res.timings.get("total_s"),
-                run_id=run, completion_id=res.completion_id,
-                difficulty=getattr(task, "difficulty", None),
-                source=getattr(task, "source", None)))
+        gs = ([g if g is not None else group for g in groups] if groups is not None
+              else [group] * len(results))
+        rollouts = rollouts_of(results, completions, step=step, groups=gs, run_id=run,
+                               tasks=tasks)
         if self.log is not None:
             self.log.append(rollouts, run)
         with self._lock:

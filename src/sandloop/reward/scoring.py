@@ -26,7 +26,8 @@ class CompletionFileError(RewardError, InputError):
 class Completion(BaseModel):
     """One model completion to score. ``language`` (optional) names the completion's language
     when it differs from the task's: allowed for stdin/stdout tasks, whose tests any language
-    can take."""
+    can take. ``step`` and ``group``: the training step and rollout group it came from, when
+    the file says (for the reward monitor's rollout log)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -34,6 +35,8 @@ class Completion(BaseModel):
     completion: str
     completion_id: str
     language: str | None = None
+    step: int | None = None
+    group: str | None = None
 
 
 def _as_language(task: Task, language: str | None) -> Task:
@@ -52,9 +55,9 @@ def _key_hash(c: Completion, task: Task) -> str:
 
 
 def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
-    """Read ``{"task_id", "completion"[, "completion_id"][, "language"]}`` records from JSONL
-    (``.gz`` too) or Parquet. A missing completion_id becomes the completion's ordinal among
-    those of its task ("0", "1", ...)."""
+    """Read ``{"task_id", "completion"[, "completion_id"][, "language"][, "step", "group"]}``
+    records from JSONL (``.gz`` too) or Parquet. A missing completion_id becomes the
+    completion's ordinal among those of its task ("0", "1", ...)."""
     out: list[Completion] = []
     per_task: dict[str, int] = {}
     try:
@@ -83,11 +86,18 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
                 raise CompletionFileError(
                     f"{where}: field 'language': {tid!r} is a {task.language} "
                     f"{task.test_kind} task; only stdin/stdout tasks take other languages")
+        step, group = rec.get("step"), rec.get("group")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                 or step < 0):
+            raise CompletionFileError(f"{where}: field 'step': not a non-negative integer")
+        if group is not None and (not isinstance(group, str | int) or isinstance(group, bool)):
+            raise CompletionFileError(f"{where}: field 'group': not a string or integer")
         n = per_task.get(tid, 0)
         per_task[tid] = n + 1
         cid = rec.get("completion_id")
         out.append(Completion(task_id=tid, completion=text, language=lang,
-                              completion_id=str(cid) if cid is not None else str(n)))
+                              completion_id=str(cid) if cid is not None else str(n),
+                              step=step, group=None if group is None else str(group)))
     return out
 
 

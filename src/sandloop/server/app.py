@@ -95,6 +95,8 @@ class ScoreItemBody(BaseModel):
     completion: str
     completion_id: str | None = None
     language: str | None = None
+    group: str | None = Field(None, max_length=256,
+                              description="rollout group of this item (default: the request's)")
 
     @field_validator("completion")
     @classmethod
@@ -567,7 +569,8 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
             raise ValueError(f"X-Sandloop-Step: not an integer: {step!r}") from None
         st.monitor.record(results, [i.completion for i in body.items], step=step,
                           group=body.group or h.get("x-sandloop-group"),
-                          run_id=body.run_id or h.get("x-sandloop-run"))
+                          run_id=body.run_id or h.get("x-sandloop-run"),
+                          groups=[i.group for i in body.items])
 
     @app.get("/dashboard", tags=["monitor"], response_class=HTMLResponse)
     async def dashboard() -> HTMLResponse:

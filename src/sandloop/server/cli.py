@@ -30,11 +30,13 @@ def serve_command(
     session_memory_mb: int | None = None,
     public_docs: bool = False,
     public_metrics: bool = False,
+    rollout_log: Path | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
     non-loopback ``host`` without API keys, KeysFileError for a bad keys file, UsageLedgerError
-    when the quota ledger cannot be opened."""
+    when the quota ledger cannot be opened, RolloutLogError when ``rollout_log`` is not a
+    usable SQLite rollout log."""
     import uvicorn
 
     from sandloop.server.app import create_app
@@ -49,7 +51,7 @@ def serve_command(
                           preload=preload_with(preload_extra), max_sessions=max_sessions,
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
-                          public_metrics=public_metrics)
+                          public_metrics=public_metrics, rollout_log=rollout_log)
     configure_logging(log_level)
     app = create_app(config, keys=keys)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
