@@ -14,6 +14,7 @@ them, even lazily.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import secrets
@@ -105,6 +106,7 @@ class Episode:
         self.reset_s: float | None = None
         self._session: Session | None = None
         self._started = 0.0
+        self._lock = asyncio.Lock()  # one call at a time: calls see each other's effects
         self._limits: Limits = session_limits(task, workdir_mb=self.config.workdir_mb,
                                               output_bytes=self.config.output_bytes)
 
@@ -187,6 +189,11 @@ class Episode:
         ends the episode, the observation also holds ``ended_by``, ``reward``, ``verdict`` and
         per-test ``tests``. Raises EpisodeFinished after the end.
         """
+        async with self._lock:
+            return await self._call(tool, arguments, kwargs)
+
+    async def _call(self, tool: str, arguments: dict[str, Any] | None,
+                    kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.done:
             raise EpisodeFinished(f"episode {self.id} ended ({self.ended_by}); reset() or start "
                                   "a new episode")
