@@ -115,8 +115,11 @@ async def test_filling_the_disk_ends_as_a_verdict(engine: Engine, spanlib: RepoT
     async with episode(engine, spanlib, workdir_mb=8) as ep:
         fill = await ep.call("run", command="dd if=/dev/zero of=fill bs=1M count=64")
         assert fill["status"] == "runtime_error" and "No space" in fill["stderr"]
-        w = await ep.call("write_file", path="more.txt", content="x" * 100_000)
-        assert "error" in w  # the work dir is full: an observation, not an exception
+        # Writes are buffered until the next command: that is where "full" shows, as an
+        # observation, not an exception.
+        assert (await ep.call("write_file", path="more.txt", content="x" * 100_000))["ok"]
+        after = await ep.call("run_tests")
+        assert "did not fit" in after["error"] and not ep.done
         final = await ep.call("submit")
         assert ep.done and final["reward"] == 0.0
         assert final["verdict"] in ("unresolved", "error")
@@ -131,6 +134,23 @@ async def test_bad_calls_are_observations(engine: Engine, spanlib: RepoTask) -> 
         bad = await ep.call("apply_patch", patch="--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
         assert "error" in bad
         assert ep.turns == 5 and not ep.done
+
+
+async def test_reads_and_writes_are_served_from_memory_between_runs(
+        engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        view = ep._files
+        assert view is not None
+        await ep.call("read_file", path="spanlib/core.py")  # the snapshot: no jail step
+        assert view.cached_reads == 1
+        await ep.call("write_file", path="spanlib/extra.py", content="X = 1\n")
+        await ep.call("write_file", path="spanlib/extra.py", content="X = 2\n")
+        assert view.flushes == 0
+        assert (await ep.call("read_file", path="spanlib/extra.py"))["content"] == "X = 2\n"
+        out = await ep.call("run", command="cat spanlib/extra.py; echo Y > made.txt")
+        assert out["stdout"] == "X = 2\n" and view.flushes == 1  # flushed before the run
+        made = await ep.call("read_file", path="made.txt")  # a run's effect: asked the work dir
+        assert made["content"] == "Y\n" and view.cached_reads == 2
 
 
 async def test_setup_runs_once_per_task(engine: Engine, demo: dict[str, RepoTask]) -> None:

@@ -33,6 +33,7 @@ from sandloop.engine import (
     SessionFull,
     SessionLost,
 )
+from sandloop.episodes.fileview import FileView
 from sandloop.episodes.grading import Grade, Shaping, grading_program, parse_report, public_counts
 from sandloop.episodes.snapshots import Snapshots, session_limits, snapshots_of
 from sandloop.episodes.tools import TOOL_NAMES, check_arguments, tool_schemas
@@ -105,6 +106,7 @@ class Episode:
         self.ended_by: str | None = None
         self.reset_s: float | None = None
         self._session: Session | None = None
+        self._files: FileView | None = None
         self._started = 0.0
         self._lock = asyncio.Lock()  # one call at a time: calls see each other's effects
         self._limits: Limits = session_limits(task, workdir_mb=self.config.workdir_mb,
@@ -152,6 +154,7 @@ class Episode:
             raise
         self.reset_s = time.perf_counter() - t0
         self._session = s
+        self._files = FileView(s, snap)
         self._started = time.monotonic()
         self.observation = {"problem_statement": self.task.problem_statement,
                             "files": sorted(snap), "max_turns": self.config.max_turns}
@@ -169,7 +172,7 @@ class Episode:
         await self._close_session()
 
     async def _close_session(self) -> None:
-        s, self._session = self._session, None
+        s, self._session, self._files = self._session, None, None
         if s is not None:
             await s.close()
 
@@ -227,26 +230,27 @@ class Episode:
         problem = check_arguments(tool, args)
         if problem is not None:
             return {"error": problem}
-        s = self._session
-        assert s is not None
         if tool == "submit":
             return await self._finish("submit")
         if tool == "run":
-            return _result_obs(await s.run(args["command"], limits=self._limits))
+            r, lost = await self._run(args["command"])
+            return lost if r is None else _result_obs(r)
         if tool == "run_tests":
-            r = await s.run(self.task.test_command, limits=self._limits)
+            r, lost = await self._run(self.task.test_command)
+            if r is None:
+                return lost
             passed, failed = public_counts(r.stdout + r.stderr)
             return {"status": str(r.status), "exit_code": r.exit_code, "passed": passed,
                     "failed": failed, "output": (r.stdout + r.stderr)[-self.config.output_bytes:],
                     "truncated": r.stdout_truncated or r.stderr_truncated}
         if tool == "list_dir":
-            return await self._list_dir(s, args.get("path", "."))
+            return await self._list_dir(args.get("path", "."))
         if tool == "read_file":
-            return await self._read_file(s, args["path"])
+            return await self._read_file(args["path"])
         if tool == "write_file":
-            return await self._write(s, {args["path"]: args["content"]}, [])
+            return await self._write({args["path"]: args["content"]}, [])
         if tool == "apply_patch":
-            return await self._apply_patch(s, args["patch"])
+            return await self._apply_patch(args["patch"])
         raise AssertionError(f"tool {tool} in TOOL_NAMES {TOOL_NAMES} without a handler")
 
     @staticmethod
@@ -257,11 +261,30 @@ class Episode:
             return str(e)
         return None
 
-    async def _read_file(self, s: Session, path: str) -> dict[str, Any]:
+    async def _run(self, command: str, limits: Limits | None = None,
+                   program: Program | None = None) -> tuple[ExecResult | None, dict[str, Any]]:
+        """Flush buffered writes, run in the work dir, forget what was known. A flush that
+        does not fit returns (None, an observation with the error) and runs nothing."""
+        s, view = self._session, self._files
+        assert s is not None and view is not None
+        try:
+            await view.flush()
+        except SessionFull as e:
+            return None, {"error": f"files written since the last command did not fit and were "
+                                   f"dropped; nothing ran: {e}"}
+        try:
+            if program is not None:
+                return await s.run_program(program, limits or self._limits), {}
+            return await s.run(command, limits=limits or self._limits), {}
+        finally:
+            view.forget()
+
+    async def _read_file(self, path: str) -> dict[str, Any]:
         bad = self._path_error(path)
         if bad is not None:
             return {"error": bad}
-        got = await s.read_files([path])
+        assert self._files is not None
+        got = await self._files.read([path])
         if path not in got:
             return {"error": f"{path}: no such regular file"}
         data = got[path]
@@ -269,25 +292,26 @@ class Episode:
         return {"path": path, "content": data[:cap].decode(errors="replace"),
                 "size": len(data), "truncated": len(data) > cap}
 
-    async def _write(self, s: Session, files: dict[str, str], delete: list[str],
-                     ) -> dict[str, Any]:
+    async def _write(self, files: dict[str, str], delete: list[str]) -> dict[str, Any]:
         for p in [*files, *delete]:
             bad = self._path_error(p)
             if bad is not None:
                 return {"error": bad}
+        assert self._files is not None
         try:
             if files:
-                await s.write_files(files)
+                await self._files.write({p: c.encode() for p, c in files.items()})
         except SessionFull as e:
             return {"error": str(e)}
         if delete:
-            r = await s.run("rm -f -- " + " ".join(shlex.quote(p) for p in delete),
-                            limits=self._limits)
+            r, lost = await self._run("rm -f -- " + " ".join(shlex.quote(p) for p in delete))
+            if r is None:
+                return lost
             if r.exit_code != 0:
                 return {"error": f"cannot delete {delete}: {r.stderr[-500:]}"}
         return {"ok": True, "written": sorted(files), "deleted": sorted(delete)}
 
-    async def _apply_patch(self, s: Session, patch: str) -> dict[str, Any]:
+    async def _apply_patch(self, patch: str) -> dict[str, Any]:
         try:
             paths = patched_paths(patch)
         except PatchError as e:
@@ -296,40 +320,45 @@ class Episode:
             bad = self._path_error(p)
             if bad is not None:
                 return {"error": bad}
-        got = await s.read_files(paths)
+        assert self._files is not None
+        got = await self._files.read(paths)
         try:
             current = {p: b.decode() for p, b in got.items()}
             changed = apply_patch(current, patch)
         except (PatchError, UnicodeDecodeError) as e:
             return {"error": f"the patch does not apply (nothing changed): {e}"}
-        return await self._write(s, {p: c for p, c in changed.items() if c is not None},
+        return await self._write({p: c for p, c in changed.items() if c is not None},
                                  [p for p, c in changed.items() if c is None])
 
-    async def _list_dir(self, s: Session, path: str) -> dict[str, Any]:
+    async def _list_dir(self, path: str) -> dict[str, Any]:
         if path not in (".", ""):
             bad = self._path_error(path.rstrip("/"))
             if bad is not None:
                 return {"error": bad}
-        r = await s.run(f"cd -- {shlex.quote(path or '.')} && ls -1Ap", limits=self._limits)
+        r, lost = await self._run(f"cd -- {shlex.quote(path or '.')} && ls -1Ap")
+        if r is None:
+            return lost
         if r.exit_code != 0:
             return {"error": f"{path}: not a directory ({r.stderr.strip()[-300:]})"}
         return {"path": path or ".", "entries": [e for e in r.stdout.splitlines() if e]}
 
     # -- the end ----------------------------------------------------------------------------
     async def _finish(self, ended_by: str) -> dict[str, Any]:
-        s = self._session
-        assert s is not None
         g = grading_program(self.task)
         lim = self._limits.model_copy(update={"time_s": self.task.limits.test_time_s,
                                               "stdout_bytes": 1 << 20})
+        note: dict[str, Any] = {}
         try:
-            r = await s.run_program(Program(language="python", source=g.source), lim)
+            r, note = await self._run("", lim, Program(language="python", source=g.source))
+            if r is None:  # the last edits did not fit: grade what the work dir holds
+                r, _ = await self._run("", lim, Program(language="python", source=g.source))
+            assert r is not None
             grade = parse_report(self.task, r, g.nonce, self.config.shaping, len(self.calls) + 1)
         except (SessionLost, SessionExpired, SessionClosed) as e:
             grade = Grade("sandbox_error", None, detail=f"the episode's sandbox is gone: {e}")
         self._end(ended_by, grade)
         await self._close_session()
-        return self._ending()
+        return {**note, **self._ending()}
 
     def _end(self, ended_by: str, grade: Grade | None) -> None:
         self.ended_by, self.grade = ended_by, grade

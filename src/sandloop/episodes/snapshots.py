@@ -41,14 +41,13 @@ class Snapshots:
     def __init__(self, engine: Engine, max_tasks: int = 256) -> None:
         self.engine = engine
         self.max_tasks = max_tasks
-        self._cache: dict[tuple[str, str], Mapping[str, str | bytes]] = {}
-        self._making: dict[tuple[str, str], asyncio.Future[Mapping[str, str | bytes]]] = {}
+        self._cache: dict[tuple[str, str], Mapping[str, bytes]] = {}
+        self._making: dict[tuple[str, str], asyncio.Future[Mapping[str, bytes]]] = {}
         self.setups_run = 0
 
-    async def get(self, task: RepoTask) -> Mapping[str, str | bytes]:
-        """The task's files after set-up (set-up runs at most once per task version)."""
-        if task.setup is None:
-            return task.files
+    async def get(self, task: RepoTask) -> Mapping[str, bytes]:
+        """The task's files after set-up (set-up runs at most once per task version), encoded
+        once: a reset copies them as they are."""
         key = (task.id, task.version)
         got = self._cache.get(key)
         if got is not None:
@@ -56,7 +55,7 @@ class Snapshots:
         pending = self._making.get(key)
         if pending is not None:  # another episode of this task is preparing it: share it
             return await asyncio.shield(pending)
-        fut: asyncio.Future[Mapping[str, str | bytes]] = \
+        fut: asyncio.Future[Mapping[str, bytes]] = \
             asyncio.get_running_loop().create_future()
         self._making[key] = fut
         try:
@@ -73,12 +72,13 @@ class Snapshots:
         self._cache[key] = snap
         return snap
 
-    async def _prepare(self, task: RepoTask) -> Mapping[str, str | bytes]:
-        assert task.setup is not None
+    async def _prepare(self, task: RepoTask) -> Mapping[str, bytes]:
+        if task.setup is None:
+            return {p: c.encode() for p, c in task.files.items()}
         limits = session_limits(task)
         async with self.engine.session(limits=limits) as s:
             await s.write_files(task.files)
-            self.setups_run += 1
+            self.setups_run += 1  # counted when it starts: a failed set-up ran too
             r = await s.run(task.setup, limits=limits.model_copy(
                 update={"time_s": task.limits.test_time_s}))
             if r.status is not Status.OK:
@@ -90,14 +90,7 @@ class Snapshots:
                 raise SetupFailed(f"task {task.id}: cannot list the files after set-up: "
                                   f"{listing.stderr[-500:]}")
             paths = [p for p in listing.stdout.split("\0") if p]
-            got = await s.read_files(paths)
-        snap: dict[str, str | bytes] = {}
-        for p, data in got.items():
-            try:
-                snap[p] = data.decode()
-            except UnicodeDecodeError:
-                snap[p] = data
-        return snap
+            return await s.read_files(paths)
 
 
 _PER_ENGINE: weakref.WeakKeyDictionary[Engine, Snapshots] = weakref.WeakKeyDictionary()
