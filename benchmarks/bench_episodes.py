@@ -7,6 +7,8 @@ All figures come from one run, real sandboxes, on this machine's cores:
      a ``read_file`` or ``write_file`` call, then "thinking" 0.5-1.5 s (the model's generation),
      for R rounds. Reports p50/p99 latency of those calls (target p99 <= 200 ms) and calls/s.
      The same calls back to back with no think time are reported as saturation throughput.
+     Then each episode writes, runs a command, and reads its output (think time between): the
+     read after a run must ask the work dir (a jailed step), and the run flushes the write.
   3. memory: what the N idle episodes hold: the supervisor's RSS growth and the host's tmpfs
      growth (their files), per episode.
 
@@ -86,7 +88,8 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
         for r in range(rounds):
             if think:
                 await asyncio.sleep(rnd.uniform(0.5, 1.5))
-            path = f"pkg/mod{rnd.randrange(19)}/m{rnd.randrange(50) + 50 * rnd.randrange(19)}.py"
+            i = rnd.randrange(999)
+            path = f"pkg/mod{i // 50}/m{i}.py"
             t = time.perf_counter()
             if r % 2:
                 await ep.call("write_file", path="notes.txt", content=f"round {r}\n" * 20)
@@ -106,6 +109,23 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
     wall = time.perf_counter() - t0
     print(f"live, saturated (no think time): {len(lat) / wall:.0f} calls/s, p50 "
           f"{statistics.median(lat) * 1e3:.0f} ms, p99 {pct(lat, 99) * 1e3:.0f} ms")
+    per_tool: dict[str, list[float]] = {"write_file": [], "run": [], "read_file": []}
+
+    async def with_runs(ep: Episode) -> None:
+        rnd = random.Random(ep.id + "runs")
+        for r in range(max(1, rounds // 2)):
+            for tool, args in (("write_file", {"path": "notes.txt", "content": f"{r}\n"}),
+                               ("run", {"command": "cat notes.txt >> log.txt"}),
+                               ("read_file", {"path": "log.txt"})):
+                await asyncio.sleep(rnd.uniform(0.5, 1.5))
+                t = time.perf_counter()
+                await ep.call(tool, args)
+                per_tool[tool].append(time.perf_counter() - t)
+
+    await asyncio.gather(*(with_runs(ep) for ep in eps))
+    print("live, paced, each read after a run (it must ask the work dir): " + ", ".join(
+        f"{k} p50 {pct(v, 50) * 1e3:.0f} ms p99 {pct(v, 99) * 1e3:.0f} ms"
+        for k, v in per_tool.items()))
     await asyncio.gather(*(ep.close() for ep in eps))
 
 
