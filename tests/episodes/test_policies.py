@@ -184,3 +184,14 @@ async def test_check_repo_task_finds_broken_tasks(engine: Engine, spanlib: RepoT
     found = await check_repo_task(engine, no_fix)
     assert {p.code for p in found} == {"gold_fails_fail_to_pass"}
     assert {p.test for p in found} == set(spanlib.fail_to_pass)
+
+
+async def test_time_budget_ends_the_episode_without_running_the_call(
+        engine: Engine, spanlib: RepoTask) -> None:
+    import asyncio
+
+    async with episode(engine, spanlib, max_time_s=0.2) as ep:
+        await asyncio.sleep(0.3)
+        obs = await ep.call("run", command="echo should-not-run")
+        assert obs["ended_by"] == "max_time" and "stdout" not in obs
+        assert ep.done and obs["reward"] == 0.0
