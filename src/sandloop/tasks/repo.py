@@ -14,7 +14,6 @@ JSONL line, ``schema: "sandloop.repo_task/v1"``; SWE-bench-style records (``inst
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import posixpath
 import tarfile
@@ -323,16 +322,3 @@ def load_repo_tasks(source: str | Path) -> list[RepoTask]:
         raise TaskFormatError("no tasks in file", path=str(path))
     return tasks
 
-
-def snapshot_tar(files: Mapping[str, str | bytes]) -> bytes:
-    """An uncompressed tar of ``files`` (for copying a snapshot in one write)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files):
-            data = files[name]
-            raw = data.encode() if isinstance(data, str) else data
-            info = tarfile.TarInfo(name)
-            info.size = len(raw)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(raw))
-    return buf.getvalue()
