@@ -37,7 +37,10 @@ PUBLIC = {
     "sandloop.monitor": ["ALERT_CODES", "Alert", "AuditOutcome", "LogFormatError", "Monitor",
                          "Rollout", "RunAnalysis", "StepAggregator", "StepStats", "Thresholds",
                          "analyze", "compute_step_stats", "read_log", "write_log"],
-    "sandloop.errors": ["EngineError", "InputError", "IntegrationError", "MonitorError",
+    "sandloop.episodes": ["Episode", "EpisodeConfig", "EpisodeFinished", "Grade", "SetupFailed",
+                          "Shaping", "Snapshots", "TOOLS", "TOOL_NAMES", "check_arguments",
+                          "episode", "shape_reward", "snapshots_of", "tool_schemas"],
+    "sandloop.errors": ["EngineError", "EpisodeError", "InputError", "IntegrationError", "MonitorError",
                         "RewardError",
                         "SandboxError", "SandloopError", "ServerError", "StoreError", "TaskError"],
 }

@@ -25,6 +25,7 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── StoreError                       the durable result store
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
+    ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError
     ├── IntegrationError                 trainer adapters: InfraFailure
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError)
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 __all__ = [
     "EngineError",
+    "EpisodeError",
     "InputError",
     "IntegrationError",
     "MonitorError",
@@ -87,3 +89,7 @@ class IntegrationError(SandloopError):
 
 class ServerError(SandloopError):
     """The HTTP service: keys, quotas, compatibility front ends."""
+
+
+class EpisodeError(SandloopError):
+    """Multi-turn episodes: tool calls after the end, unknown episodes, replays."""

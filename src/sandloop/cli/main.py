@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.episodes import episodes_app
 from sandloop.cli.monitor import monitor_app
 from sandloop.cli.tasks import app as tasks_app
 from sandloop.engine import Engine
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 app.add_typer(monitor_app, name="monitor")
+app.add_typer(episodes_app, name="episodes")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}

@@ -60,6 +60,7 @@ from sandloop.server import sandboxfusion as sf
 from sandloop.server.auth import KeyPolicy, KeyStore, Refused
 from sandloop.server.config import ServerConfig, is_loopback
 from sandloop.server.direct import DirectRoute, DirectRoutes
+from sandloop.server.episodes import episodes_router
 from sandloop.server.observability import Metrics, RequestMiddleware, log
 from sandloop.server.usage import UsageLedger, default_usage_path
 from sandloop.store import ResultStore
@@ -805,6 +806,7 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
                     lambda request, body: run_code(request, body,
                                                    request.path_params["api_key"])),
     ])
+    app.include_router(episodes_router(config, authenticate, engine))
     app.add_middleware(RequestMiddleware, metrics=st.metrics,
                        max_body_bytes=config.max_body_bytes)
     return app

@@ -1,0 +1,134 @@
+"""Episode endpoints: multi-turn, tool-using episodes over repository tasks (docs/episodes.md).
+
+``POST /v1/episodes`` starts one (a task from a set served with ``--task-set``),
+``POST /v1/episodes/{id}/call`` calls a tool, ``GET`` reads its state, ``DELETE`` ends it.
+Episodes belong to the API key that started them; each key holds at most
+``max_sessions_per_key`` unfinished episodes (they hold sessions). With ``--db``, every episode
+is recorded there for ``sandloop episodes replay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandloop.engine import Engine
+from sandloop.episodes import Episode, EpisodeConfig, EpisodeFinished
+from sandloop.server.auth import KeyPolicy, Refused
+from sandloop.server.config import ServerConfig
+from sandloop.store.episodes import EpisodeLog
+from sandloop.tasks.loaders import TaskFormatError
+from sandloop.tasks.repo import RepoTask, load_repo_tasks
+
+__all__ = ["episodes_router"]
+
+_KEEP_FINISHED = 4096  # finished episodes kept for GET, oldest dropped first
+
+
+class EpisodeStartBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task_set: str
+    task_id: str
+    max_turns: int | None = Field(None, ge=1, le=1000)
+
+
+class EpisodeCallBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyPolicy],
+                    engine: Callable[[], Engine]) -> APIRouter:
+    """The episode routes; ``authenticate`` and ``engine`` are the app's own helpers."""
+    router = APIRouter(tags=["episodes"])
+    episodes: dict[str, tuple[Episode, str]] = {}
+    sets: dict[str, dict[str, RepoTask]] = {}
+    lock = asyncio.Lock()
+    log: list[EpisodeLog] = []  # opened on first use (the file is config.db)
+
+    async def task_of(name: str, task_id: str) -> RepoTask:
+        if name not in config.task_sets:
+            raise ValueError(f"task set {name!r} is not served here; available: "
+                             f"{', '.join(config.task_sets) or '(none)'}")
+        async with lock:
+            if name not in sets:
+                try:
+                    loaded = await asyncio.to_thread(load_repo_tasks, name)
+                except TaskFormatError as e:
+                    raise ValueError(f"task set {name!r} has no repository tasks: {e}") from None
+                sets[name] = {t.id: t for t in loaded}
+        task = sets[name].get(task_id)
+        if task is None:
+            raise Refused(404, f"no task {task_id!r} in set {name!r}")
+        return task
+
+    def episode_of(pol: KeyPolicy, eid: str) -> Episode:
+        entry = episodes.get(eid)
+        if entry is None or entry[1] != pol.id:
+            raise Refused(404, f"no episode {eid!r} (deleted, or not yours)")
+        return entry[0]
+
+    def prune() -> None:
+        finished = [k for k, (ep, _) in episodes.items() if ep.done]
+        for k in finished[:max(0, len(finished) - _KEEP_FINISHED)]:
+            episodes.pop(k, None)
+
+    @router.post("/v1/episodes", status_code=201)
+    async def start(request: Request, body: EpisodeStartBody) -> dict[str, Any]:
+        """Start an episode: returns its id, the first observation (problem statement and
+        file list) and the tools' JSON schemas."""
+        pol = authenticate(request)
+        task = await task_of(body.task_set, body.task_id)
+        cap = pol.record.max_sessions if pol.record.max_sessions is not None \
+            else config.max_sessions_per_key
+        live = sum(1 for ep, k in episodes.values() if k == pol.id and not ep.done)
+        if live >= cap:
+            raise Refused(429, f"key {pol.id!r} already has {live} unfinished episodes (at most "
+                               f"{cap}); submit or DELETE /v1/episodes/ID")
+        if config.db is not None and not log:
+            config.db.parent.mkdir(parents=True, exist_ok=True)
+            log.append(EpisodeLog(config.db))
+        cfg = EpisodeConfig(client=pol.id, max_turns=body.max_turns or EpisodeConfig.max_turns)
+        ep = Episode(engine(), task, cfg, log=log[0] if log else None)
+        episodes[ep.id] = (ep, pol.id)  # counted while the reset awaits
+        try:
+            obs = await ep.reset()
+        except BaseException:
+            episodes.pop(ep.id, None)
+            raise
+        prune()
+        return {"episode_id": ep.id, "observation": obs, "tools": ep.tools}
+
+    @router.post("/v1/episodes/{eid}/call")
+    async def call(request: Request, eid: str, body: EpisodeCallBody) -> dict[str, Any]:
+        """Call one tool; ``done`` is true once the episode ended (then the observation holds
+        ``reward``, ``verdict`` and per-test ``tests``)."""
+        pol = authenticate(request)
+        ep = episode_of(pol, eid)
+        try:
+            obs = await ep.call(body.tool, body.arguments)
+        except EpisodeFinished as e:
+            raise Refused(409, str(e)) from None
+        return {"observation": obs, "done": ep.done}
+
+    @router.get("/v1/episodes/{eid}")
+    async def get(request: Request, eid: str) -> dict[str, Any]:
+        """The episode's state: turns, whether it ended, and how."""
+        pol = authenticate(request)
+        return episode_of(pol, eid).summary()
+
+    @router.delete("/v1/episodes/{eid}")
+    async def delete(request: Request, eid: str) -> dict[str, Any]:
+        """End the episode (ungraded if unfinished) and delete its session."""
+        pol = authenticate(request)
+        ep = episode_of(pol, eid)
+        await ep.close()
+        episodes.pop(eid, None)
+        return {"deleted": eid}
+
+    return router

@@ -1,0 +1,197 @@
+"""Scripted policies drive real episodes over real sandboxes: the fix earns 1, editing the tests
+earns 0, a loop is stopped by the turn budget, fork bombs and full disks end as verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandloop.engine import Engine
+from sandloop.episodes import EpisodeFinished, Snapshots, episode
+from sandloop.episodes.check import check_repo_task
+from sandloop.tasks.repo import RepoTask
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FAILING = "tests/test_merge.py::test_touching"
+
+
+async def test_fixing_policy_earns_1(engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        assert "spanlib/core.py" in ep.observation["files"]
+        assert "merge" in ep.observation["problem_statement"]
+        listing = await ep.call("list_dir", path="spanlib")
+        assert "core.py" in listing["entries"]
+        first = await ep.call("run_tests")
+        assert first["failed"] >= 1 and "test_touching" in first["output"]
+        test = await ep.call("read_file", path="tests/test_merge.py")
+        assert "def test_touching" in test["content"]
+        src = (await ep.call("read_file", path="spanlib/core.py"))["content"]
+        fixed = src.replace("start < out[-1][1]", "start <= out[-1][1]")
+        assert fixed != src
+        assert (await ep.call("write_file", path="spanlib/core.py", content=fixed))["ok"]
+        again = await ep.call("run_tests")
+        assert again["failed"] == 0 and again["passed"] == 5
+        final = await ep.call("submit")
+        assert ep.done and final["ended_by"] == "submit"
+        assert final["reward"] == 1.0 and final["verdict"] == "resolved"
+        assert final["tests"]["tests/test_merge.py::test_touching_chain"] == "passed"
+        assert ep.turns == 7
+        with pytest.raises(EpisodeFinished):
+            await ep.call("run_tests")
+
+
+async def test_hidden_tests_are_not_visible_before_grading(engine: Engine,
+                                                           spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        seen = await ep.call("read_file", path="tests/test_merge.py")
+        assert "test_touching_chain" not in seen["content"]
+        out = await ep.call("run", command="grep -r test_touching_chain . || echo none")
+        assert out["stdout"].strip() == "none"
+
+
+async def test_editing_the_tests_earns_0(engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        test = (await ep.call("read_file", path="tests/test_merge.py"))["content"]
+        cheat = test.replace("assert merge([(1, 3), (3, 5)]) == [(1, 5)]", "assert True")
+        assert cheat != test
+        await ep.call("write_file", path="tests/test_merge.py", content=cheat)
+        assert (await ep.call("run_tests"))["failed"] == 0  # the model fooled its own feedback
+        final = await ep.call("submit")
+        assert final["reward"] == 0.0 and final["verdict"] == "unresolved"
+        assert final["tests"][FAILING] == "wrong_answer"
+
+
+async def test_a_planted_conftest_is_removed_before_grading(engine: Engine,
+                                                             spanlib: RepoTask) -> None:
+    # Threat: a conftest.py that rewrites every report as passed. Grading deletes test
+    # configuration the repository did not have; without that, this earns 1.
+    hook = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n    out = yield\n"
+            "    r = out.get_result()\n    r.outcome = 'passed'\n")
+    async with episode(engine, spanlib) as ep:
+        await ep.call("write_file", path="tests/conftest.py", content=hook)
+        assert (await ep.call("run_tests"))["failed"] == 0
+        final = await ep.call("submit")
+        assert final["reward"] == 0.0 and final["tests"][FAILING] == "wrong_answer"
+
+
+async def test_a_shadowing_pytest_module_is_not_imported_by_grading(
+        engine: Engine, spanlib: RepoTask) -> None:
+    # Threat: a pytest.py at the repository root that "passes" everything. Grading imports the
+    # real pytest before the repository is on sys.path (and appends it, never prepends).
+    fake = "import sys\n\ndef main(*a, **k):\n    print('all passed')\n    return 0\n"
+    async with episode(engine, spanlib) as ep:
+        await ep.call("write_file", path="pytest.py", content=fake)
+        final = await ep.call("submit")
+        assert final["reward"] == 0.0 and final["tests"][FAILING] == "wrong_answer"
+        assert final["tests"]["tests/test_merge.py::test_disjoint"] == "passed"
+
+
+async def test_looping_policy_is_stopped_by_the_turn_budget(engine: Engine,
+                                                            spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib, max_turns=4) as ep:
+        calls = 0
+        while not ep.done:
+            obs = await ep.call("read_file", path="README.md")
+            calls += 1
+            assert calls <= 4
+        assert calls == 4 and obs["ended_by"] == "max_turns"
+        assert obs["reward"] == 0.0 and obs["verdict"] == "unresolved"
+        with pytest.raises(EpisodeFinished):
+            await ep.call("submit")
+
+
+async def test_fork_bomb_is_an_observation_and_the_episode_goes_on(
+        engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        bomb = await ep.call("run", command=":(){ :|:& };:")
+        assert not ep.done and bomb["status"] in ("runtime_error", "timeout", "ok")
+        await ep.call("apply_patch", patch=spanlib.patch)
+        final = await ep.call("submit")
+        assert final["reward"] == 1.0
+
+
+async def test_filling_the_disk_ends_as_a_verdict(engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib, workdir_mb=8) as ep:
+        fill = await ep.call("run", command="dd if=/dev/zero of=fill bs=1M count=64")
+        assert fill["status"] == "runtime_error" and "No space" in fill["stderr"]
+        # Writes are buffered until the next command: that is where "full" shows, as an
+        # observation, not an exception.
+        assert (await ep.call("write_file", path="more.txt", content="x" * 100_000))["ok"]
+        after = await ep.call("run_tests")
+        assert "did not fit" in after["error"] and not ep.done
+        final = await ep.call("submit")
+        assert ep.done and final["reward"] == 0.0
+        assert final["verdict"] in ("unresolved", "error")
+
+
+async def test_bad_calls_are_observations(engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        assert "unknown tool" in (await ep.call("rm_rf", {}))["error"]
+        assert "missing" in (await ep.call("read_file", {}))["error"]
+        assert "error" in await ep.call("read_file", path="../etc/passwd")
+        assert "no such" in (await ep.call("read_file", path="nope.py"))["error"]
+        bad = await ep.call("apply_patch", patch="--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+        assert "error" in bad
+        assert ep.turns == 5 and not ep.done
+
+
+async def test_reads_and_writes_are_served_from_memory_between_runs(
+        engine: Engine, spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        view = ep._files
+        assert view is not None
+        await ep.call("read_file", path="spanlib/core.py")  # the snapshot: no jail step
+        assert view.cached_reads == 1
+        await ep.call("write_file", path="spanlib/extra.py", content="X = 1\n")
+        await ep.call("write_file", path="spanlib/extra.py", content="X = 2\n")
+        assert view.flushes == 0
+        assert (await ep.call("read_file", path="spanlib/extra.py"))["content"] == "X = 2\n"
+        out = await ep.call("run", command="cat spanlib/extra.py; echo Y > made.txt")
+        assert out["stdout"] == "X = 2\n" and view.flushes == 1  # flushed before the run
+        made = await ep.call("read_file", path="made.txt")  # a run's effect: asked the work dir
+        assert made["content"] == "Y\n" and view.cached_reads == 2
+
+
+async def test_setup_runs_once_per_task(engine: Engine, demo: dict[str, RepoTask]) -> None:
+    task = demo["lrukit-get-refreshes"]
+    assert task.setup is not None
+    snaps = Snapshots(engine)
+    for _ in range(2):
+        from sandloop.episodes import Episode
+
+        ep = Episode(engine, task, snapshots=snaps)
+        obs = await ep.reset()
+        assert "lrukit/_version.py" in obs["files"]  # made by the set-up command
+        await ep.close()
+    assert snaps.setups_run == 1
+
+
+async def test_check_repo_task_accepts_the_bundled_set(engine: Engine,
+                                                       demo: dict[str, RepoTask]) -> None:
+    for task in demo.values():
+        assert await check_repo_task(engine, task) == [], task.id
+
+
+async def test_check_repo_task_finds_broken_tasks(engine: Engine, spanlib: RepoTask) -> None:
+    data = spanlib.model_dump(exclude={"version"})
+    # A fail-to-pass test that passes before the fix, and a gold patch that fixes nothing.
+    moved = RepoTask(**{**data, "fail_to_pass": ("tests/test_merge.py::test_disjoint",),
+                        "pass_to_pass": ("tests/test_span.py::test_contains",)})
+    codes = {p.code for p in await check_repo_task(engine, moved)}
+    assert codes == {"empty_passes"}
+    no_fix = RepoTask(**{**data, "patch": spanlib.patch.replace("<=", "<")})  # type: ignore[union-attr]
+    found = await check_repo_task(engine, no_fix)
+    assert {p.code for p in found} == {"gold_fails_fail_to_pass"}
+    assert {p.test for p in found} == set(spanlib.fail_to_pass)
+
+
+async def test_time_budget_ends_the_episode_without_running_the_call(
+        engine: Engine, spanlib: RepoTask) -> None:
+    import asyncio
+
+    async with episode(engine, spanlib, max_time_s=0.2) as ep:
+        await asyncio.sleep(0.3)
+        obs = await ep.call("run", command="echo should-not-run")
+        assert obs["ended_by"] == "max_time" and "stdout" not in obs
+        assert ep.done and obs["reward"] == 0.0

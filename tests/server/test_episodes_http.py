@@ -1,0 +1,70 @@
+"""Episode endpoints over a real server on 127.0.0.1 with real sandboxes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from live import LiveServer
+
+from sandloop.server import ServerConfig
+from sandloop.store.episodes import EpisodeLog
+from sandloop.tasks.repo import load_repo_tasks
+
+TASK = next(t for t in load_repo_tasks("repo-demo") if t.id == "spanlib-touching-intervals")
+
+
+@pytest.fixture(scope="module")
+def repo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
+    db = tmp_path_factory.mktemp("ep") / "results.db"
+    with LiveServer(ServerConfig(slots=2, task_sets=("repo-demo", "humaneval"), db=db)) as s:
+        yield s, db
+
+
+def test_an_episode_over_http(repo_server: tuple[LiveServer, Path]) -> None:
+    server, db = repo_server
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post("/v1/episodes", json={"task_set": "repo-demo", "task_id": TASK.id,
+                                         "max_turns": 10})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        eid = body["episode_id"]
+        assert "spanlib/core.py" in body["observation"]["files"]
+        assert {t["function"]["name"] for t in body["tools"]} >= {"run_tests", "submit"}
+
+        def call(tool: str, **args: object) -> dict[str, object]:
+            r = c.post(f"/v1/episodes/{eid}/call", json={"tool": tool, "arguments": args})
+            assert r.status_code == 200, r.text
+            return dict(r.json())
+
+        tests = call("run_tests")
+        assert not tests["done"] and tests["observation"]["failed"] >= 1  # type: ignore[index]
+        assert call("apply_patch", patch=TASK.patch)["observation"]["ok"]  # type: ignore[index]
+        ran = call("run", command="echo hi")["observation"]
+        assert ran["stdout"] == "hi\n" and ran["exit_code"] == 0  # type: ignore[index]
+        final = call("submit")
+        assert final["done"] is True
+        obs = final["observation"]
+        assert obs["reward"] == 1.0 and obs["verdict"] == "resolved"  # type: ignore[index]
+        state = c.get(f"/v1/episodes/{eid}").json()
+        assert state["done"] and state["turns"] == 4 and state["reward"] == 1.0
+        again = c.post(f"/v1/episodes/{eid}/call", json={"tool": "run_tests"})
+        assert again.status_code == 409
+        assert c.delete(f"/v1/episodes/{eid}").status_code == 200
+        assert c.get(f"/v1/episodes/{eid}").status_code == 404
+    rec = EpisodeLog(db).get(eid)  # recorded with --db
+    assert rec is not None and rec.reward == 1.0 and [x.tool for x in rec.calls] == [
+        "run_tests", "apply_patch", "run", "submit"]
+
+
+def test_episode_requests_are_checked(repo_server: tuple[LiveServer, Path]) -> None:
+    server, _ = repo_server
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.post("/v1/episodes", json={"task_set": "nope", "task_id": "x"}).status_code == 400
+        assert c.post("/v1/episodes", json={"task_set": "repo-demo",
+                                            "task_id": "nope"}).status_code == 404
+        bad = c.post("/v1/episodes", json={"task_set": "humaneval", "task_id": "HumanEval/0"})
+        assert bad.status_code == 400 and "no repository tasks" in bad.json()["error"]
+        assert c.post("/v1/episodes/nope/call", json={"tool": "submit"}).status_code == 404
