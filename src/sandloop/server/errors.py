@@ -68,6 +68,7 @@ from sandloop.sandbox.pool import (
 from sandloop.sandbox.requests import BatchRequestError
 from sandloop.sandbox.slot import SlotBroken
 from sandloop.server.auth import KeysFileError, Refused
+from sandloop.server.config import ConfigError
 from sandloop.server.observability import Metrics, log
 from sandloop.server.sandboxfusion import SFRequestError
 from sandloop.server.usage import UsageLedgerError
@@ -185,6 +186,7 @@ STATUS: Mapping[type[Exception], HttpError] = {
     IntegrationError: HttpError(500, "internal_error"),
     ServerError: HttpError(500, "internal_error"),
     KeysFileError: HttpError(500, "internal_error"),  # the operator's file, checked at start
+    ConfigError: HttpError(500, "internal_error"),  # the operator's settings, checked at start
 }
 
 INTERNAL = HttpError(500, "internal_error")
