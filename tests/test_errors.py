@@ -19,6 +19,7 @@ INTERNAL = {
     "sandloop.sandbox.zygote.SpareGone",
     "sandloop.sandbox.zygote.FilesError",
     "sandloop.server.auth.Refused",
+    "sandloop.server.errors.ClientGone",
 }
 
 

@@ -14,6 +14,7 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │   │   └── WorkspaceFull              they do not fit in it
     │   ├── SlotBroken                   a slot's fork-server failed under a run
     │   ├── CgroupError                  cgroups cannot be set up
+    │   ├── ProgramInputError (InputError)  a program, file name or text it refuses
     │   └── BatchRequestError (InputError)  a bad line in an exec-batch file
     ├── EngineError                      scheduling: EngineClosed, DeadlineExceeded, RateLimited,
     │                                    IdempotencyConflict (InputError), SessionFull (InputError),
@@ -28,7 +29,9 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError
     ├── IntegrationError                 trainer adapters: InfraFailure
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
-                                         SFRequestError (InputError)
+                                         SFRequestError (InputError), RequestError (InputError)
+
+The HTTP status each of them answers is the table in ``sandloop.server.errors``.
 
 Most classes also keep the builtin base they had before this tree existed (``RuntimeError``,
 ``ValueError``), so older ``except`` clauses still catch them.

@@ -1,4 +1,6 @@
-"""Schemathesis fuzzing of the OpenAPI description against a live server: no 5xx, no crash.
+"""Schemathesis fuzzing of the OpenAPI description against a live server: no 5xx, no crash,
+and every reply, errors included (404/405/413/422 too), in the shape the description gives
+(errors: ErrorBody, ``{"error", "code"}``).
 
 Runs the schemathesis CLI (its pytest plugin does not load under this pytest) against a real
 server on 127.0.0.1 with small limits so generated programs cannot run long.
@@ -21,7 +23,9 @@ def test_no_server_errors(tmp_path: Path) -> None:
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
     with LiveServer(ServerConfig(slots=2, max_time_s=2, max_memory_mb=256)) as srv:
         p = subprocess.run(
-            [st, "run", f"{srv.url}/openapi.json", "--checks", "not_a_server_error",
+            [st, "run", f"{srv.url}/openapi.json", "--checks",
+             "not_a_server_error,response_schema_conformance,content_type_conformance,"
+             "status_code_conformance,unsupported_method",
              "--max-examples", "6", "--request-timeout", "30", "--no-color",
              "--suppress-health-check", "all", "--phases", "examples,fuzzing"],
             capture_output=True, text=True, timeout=240, cwd=tmp_path)

@@ -19,6 +19,15 @@ from pydantic import (
     field_validator,
 )
 
+from sandloop.errors import InputError, SandboxError
+
+
+class ProgramInputError(SandboxError, InputError):
+    """A program, file name or text the sandbox refuses (the message names the field): an
+    unsupported language, a name that could leave the work dir, text that is not UTF-8. A
+    ``ValueError``, so pydantic reports it as a validation error inside a model."""
+
+
 LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
 _LANGUAGE_ALIASES = {
     "python3": "python",
@@ -37,7 +46,7 @@ def canonical_language(name: str) -> str:
     key = name.strip().lower()
     key = _LANGUAGE_ALIASES.get(key, key)
     if key not in LANGUAGES:
-        raise ValueError(
+        raise ProgramInputError(
             f"unsupported language {name!r}; choose one of {', '.join(LANGUAGES)}"
         )
     return key
@@ -205,7 +214,7 @@ class Program(BaseModel):
         for name in v:
             top = name.split("/", 1)[0]
             if "/" in name and top in own:
-                raise ValueError(f"{name!r} needs {top!r} to be a directory, but the "
+                raise ProgramInputError(f"{name!r} needs {top!r} to be a directory, but the "
                                  f"program's own file goes there; choose another directory")
         return v
 
@@ -215,7 +224,7 @@ class Program(BaseModel):
         for n, arg in enumerate(v):
             check_text(arg, f"argv[{n}]")
             if "\0" in arg:
-                raise ValueError(f"argv[{n}] contains a NUL byte, which no program argument "
+                raise ProgramInputError(f"argv[{n}] contains a NUL byte, which no program argument "
                                  "can hold")
         return v
 
@@ -246,7 +255,7 @@ def check_text(text: str, field: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{field} is not valid Unicode text: {text[e.start:e.end]!r} at "
+        raise ProgramInputError(f"{field} is not valid Unicode text: {text[e.start:e.end]!r} at "
                          f"position {e.start} is a lone surrogate; send valid UTF-8 (or bytes)"
                          ) from None
     return text
@@ -257,16 +266,16 @@ def check_relative_path(name: str) -> str:
     empty, ``.``/``..``/empty components, NUL, not UTF-8, longer than 1024 bytes or with a
     component longer than 255 bytes."""
     if not name or name.startswith("/") or "\0" in name:
-        raise ValueError(f"file name {name!r} must be a non-empty relative path without NUL")
+        raise ProgramInputError(f"file name {name!r} must be a non-empty relative path without NUL")
     check_text(name, f"file name {name[:40]!r}")
     parts = name.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"file name {name!r} must not contain '', '.' or '..' components")
+        raise ProgramInputError(f"file name {name!r} must not contain '', '.' or '..' components")
     if len(name.encode()) > MAX_PATH_BYTES:
-        raise ValueError(f"file name {name[:40]!r}... is longer than {MAX_PATH_BYTES} bytes")
+        raise ProgramInputError(f"file name {name[:40]!r}... is longer than {MAX_PATH_BYTES} bytes")
     for p in parts:
         if len(p.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"file name {name[:40]!r}...: component {p[:40]!r}... is longer "
+            raise ProgramInputError(f"file name {name[:40]!r}...: component {p[:40]!r}... is longer "
                              f"than {MAX_NAME_BYTES} bytes")
     return name
 
@@ -283,7 +292,7 @@ def check_file_names(names: Iterable[str]) -> None:
         for i in range(1, len(parts)):
             parent = "/".join(parts[:i])
             if parent in taken:
-                raise ValueError(f"files {parent!r} and {name!r} conflict: {parent!r} cannot be "
+                raise ProgramInputError(f"files {parent!r} and {name!r} conflict: {parent!r} cannot be "
                                  "both a file and a directory")
 
 

@@ -77,14 +77,21 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class Refused(Exception):
-    """A request the key's policy refuses: ``status`` is the HTTP code (401, 403, 429)."""
+_REFUSED_CODES = {401: "unauthorized", 403: "forbidden", 429: "too_many_requests",
+                  503: "unavailable"}
 
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+
+class Refused(Exception):
+    """A request the key's policy refuses: ``status`` is the HTTP code (401, 403, 429, 503),
+    ``code`` the error reply's code (default: by status)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None, *,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s
+        self.code = code or _REFUSED_CODES.get(status, f"http_{status}")
 
 
 @dataclass
@@ -105,7 +112,7 @@ class KeyPolicy:
     def _over_quota(self) -> Refused:
         r = self.record
         return Refused(429, f"key {r.id!r} has used {self.runs} of its quota of {r.max_runs} "
-                            "runs; ask the operator to raise max_runs")
+                            "runs; ask the operator to raise max_runs", code="quota_exceeded")
 
     def admit(self, runs: int) -> None:
         """Charge ``runs`` runs to this key or raise :class:`Refused` (429; 503 when the quota
@@ -116,15 +123,15 @@ class KeyPolicy:
         if r.max_concurrent is not None and self.inflight >= r.max_concurrent:
             raise Refused(429, f"key {r.id!r} already has {self.inflight} requests in flight "
                                f"(max_concurrent={r.max_concurrent}); wait for results",
-                          retry_after_s=0.5)
+                          retry_after_s=0.5, code="too_many_in_flight")
         if self.bucket is not None and runs > 0:
             if runs > self.bucket.burst:
                 raise Refused(429, f"{runs} runs in one request exceed key {r.id!r}'s burst of "
-                                   f"{self.bucket.burst:g}; split the batch")
+                                   f"{self.bucket.burst:g}; split the batch", code="over_burst")
             wait = self.bucket.take(time.monotonic(), runs)
             if wait > 0:
                 raise Refused(429, f"key {r.id!r} exceeded its rate limit of {r.rate:g} runs/s; "
-                                   f"retry in {wait:.3f} s", retry_after_s=wait)
+                                   f"retry in {wait:.3f} s", retry_after_s=wait, code="rate_limited")
         if r.max_runs is None or self.ledger is None:
             self.runs += runs
             return
@@ -133,7 +140,7 @@ class KeyPolicy:
             charged, self.runs = self.ledger.charge(r.id, runs, r.max_runs)
         except UsageLedgerError as e:
             raise Refused(503, f"cannot record key {r.id!r}'s quota use: {e}",
-                          retry_after_s=1.0) from None
+                          retry_after_s=1.0, code="quota_ledger_unavailable") from None
         if not charged:
             raise self._over_quota()
 

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+from typing import Any
 
 from sandloop.sandbox.slot import preload_with
 from sandloop.server.auth import KeyStore
-from sandloop.server.config import ServerConfig, check_bind
+from sandloop.server.config import ConfigError, ServerConfig, check_bind, check_config
 
-__all__ = ["serve_command"]
+__all__ = ["bind", "serve_command"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening); ConfigError if it cannot be, e.g.
+    the port is in use. Bound before the sandboxes start, so a taken port fails at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"cannot resolve host {host!r}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server "
+                          "on that port? choose --port)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve_command(
@@ -33,15 +55,19 @@ def serve_command(
     rollout_log: Path | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
-    ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
-    non-loopback ``host`` without API keys, KeysFileError for a bad keys file, UsageLedgerError
-    when the quota ledger cannot be opened, RolloutLogError when ``rollout_log`` is not a
-    usable SQLite rollout log."""
+    ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
+    the port is bound, and the port is bound before the sandboxes start; "ready" is logged once
+    the port listens. Raises ConfigError for a setting out of range or a port that cannot be
+    bound, ValueError for a non-loopback ``host`` without API keys, KeysFileError for a bad keys
+    file, UsageLedgerError when the quota ledger cannot be opened, RolloutLogError when
+    ``rollout_log`` is not a usable SQLite rollout log."""
     import uvicorn
 
     from sandloop.server.app import create_app
-    from sandloop.server.observability import configure_logging
+    from sandloop.server.observability import configure_logging, log
 
+    if max_body_mb <= 0:
+        raise ConfigError(f"--max-body-mb {max_body_mb} must be > 0")
     keys = KeyStore.load(api_keys_file)
     check_bind(host, keys.enabled)
     config = ServerConfig(host=host, port=port, keys_file=api_keys_file, usage_db=usage_db,
@@ -52,7 +78,25 @@ def serve_command(
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
                           public_metrics=public_metrics, rollout_log=rollout_log)
+    check_config(config)
     configure_logging(log_level)
+    sock = bind(host, port)
     app = create_app(config, keys=keys)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
-                log_level=log_level, timeout_graceful_shutdown=int(config.graceful_shutdown_s))
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:  # the lifespan started, the port listens
+                log.info("ready", extra={"host": host, "port": port, "keys": keys.enabled,
+                                         "slots": _slots(app)})
+
+    server = Server(uvicorn.Config(
+        app, host=host, port=port, log_config=None, access_log=False, log_level=log_level,
+        timeout_graceful_shutdown=int(config.graceful_shutdown_s)))
+    with sock:
+        server.run(sockets=[sock])
+
+
+def _slots(app: Any) -> int | None:
+    engine = app.state.sandloop.engine
+    return engine.backend.slots if engine is not None else None

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-__all__ = ["ServerConfig", "check_bind", "is_loopback"]
+from sandloop.errors import InputError, ServerError
+from sandloop.tasks import BUILTIN_SETS
+from sandloop.tasks.repo import REPO_BUILTIN_SETS
+
+__all__ = ["ConfigError", "ServerConfig", "check_bind", "check_config", "is_loopback"]
+
+
+class ConfigError(ServerError, InputError):
+    """A server setting is out of range or names what does not exist (the message names the
+    setting): found before the server binds its port or starts its sandboxes."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,31 @@ class ServerConfig:
     # With API keys on, /openapi.json, /docs, /redoc and /metrics need a key unless opened here.
     public_docs: bool = False
     public_metrics: bool = False
+
+
+# Settings that must be positive (a size or count of zero would refuse every request) and those
+# that may be zero. New numeric fields of ServerConfig are checked by their type (see below).
+_MAY_BE_ZERO = frozenset({"max_sessions", "max_sessions_per_key", "graceful_shutdown_s"})
+
+
+def check_config(config: ServerConfig) -> None:
+    """Refuse settings the server could not honour, before anything binds or starts: a port
+    outside 1..65535, a task set that is neither built in nor an existing file, a size, count
+    or limit that is not positive. Raises :class:`ConfigError` naming the setting."""
+    if not 1 <= config.port <= 65535:
+        raise ConfigError(f"port {config.port} is outside 1..65535")
+    builtin = (*BUILTIN_SETS, *REPO_BUILTIN_SETS)
+    for name in config.task_sets:
+        if name not in builtin and not Path(name).is_file():
+            raise ConfigError(f"task set {name!r} is neither built in ({', '.join(builtin)})"
+                              " nor an existing file")
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or f.name == "port":
+            continue
+        floor = 0 if f.name in _MAY_BE_ZERO else 1e-9
+        if value < floor:
+            raise ConfigError(f"{f.name}={value} must be {'>= 0' if floor == 0 else '> 0'}")
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every request: clients are few, parsing is not free

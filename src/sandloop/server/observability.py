@@ -130,8 +130,10 @@ class RequestMiddleware:
                     too_big = False
                 if too_big:
                     self.metrics.refused.labels("body_too_large").inc()
+                    # The error shape of server/errors.py (ErrorBody), which imports us.
                     await _send_json(send, 413, {"error": f"request body exceeds "
-                                                 f"{self.max_body} bytes"})
+                                                 f"{self.max_body} bytes",
+                                                 "code": "body_too_large"})
                     return
         rid = rid or uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = rid

@@ -10,16 +10,16 @@ is recorded there for ``sandloop episodes replay``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandloop.engine import Engine
 from sandloop.episodes import Episode, EpisodeConfig, EpisodeFinished
 from sandloop.server.auth import KeyPolicy, Refused
 from sandloop.server.config import ServerConfig
+from sandloop.server.dependencies import EngineDep, Key
+from sandloop.server.errors import ERROR_RESPONSES, RequestError
 from sandloop.store.episodes import EpisodeLog
 from sandloop.tasks.loaders import TaskFormatError
 from sandloop.tasks.repo import RepoTask, load_repo_tasks
@@ -42,10 +42,9 @@ class EpisodeCallBody(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyPolicy],
-                    engine: Callable[[], Engine]) -> APIRouter:
-    """The episode routes; ``authenticate`` and ``engine`` are the app's own helpers."""
-    router = APIRouter(tags=["episodes"])
+def episodes_router(config: ServerConfig) -> APIRouter:
+    """The episode routes, with this app's live episodes (one router per app)."""
+    router = APIRouter(tags=["episodes"], responses=ERROR_RESPONSES)
     episodes: dict[str, tuple[Episode, str]] = {}
     sets: dict[str, dict[str, RepoTask]] = {}
     lock = asyncio.Lock()
@@ -53,14 +52,14 @@ def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyP
 
     async def task_of(name: str, task_id: str) -> RepoTask:
         if name not in config.task_sets:
-            raise ValueError(f"task set {name!r} is not served here; available: "
+            raise RequestError(f"task set {name!r} is not served here; available: "
                              f"{', '.join(config.task_sets) or '(none)'}")
         async with lock:
             if name not in sets:
                 try:
                     loaded = await asyncio.to_thread(load_repo_tasks, name)
                 except TaskFormatError as e:
-                    raise ValueError(f"task set {name!r} has no repository tasks: {e}") from None
+                    raise RequestError(f"task set {name!r} has no repository tasks: {e}") from None
                 sets[name] = {t.id: t for t in loaded}
         task = sets[name].get(task_id)
         if task is None:
@@ -79,10 +78,9 @@ def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyP
             episodes.pop(k, None)
 
     @router.post("/v1/episodes", status_code=201)
-    async def start(request: Request, body: EpisodeStartBody) -> dict[str, Any]:
+    async def start(pol: Key, engine: EngineDep, body: EpisodeStartBody) -> dict[str, Any]:
         """Start an episode: returns its id, the first observation (problem statement and
         file list) and the tools' JSON schemas."""
-        pol = authenticate(request)
         task = await task_of(body.task_set, body.task_id)
         cap = pol.record.max_sessions if pol.record.max_sessions is not None \
             else config.max_sessions_per_key
@@ -94,7 +92,7 @@ def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyP
             config.db.parent.mkdir(parents=True, exist_ok=True)
             log.append(EpisodeLog(config.db))
         cfg = EpisodeConfig(client=pol.id, max_turns=body.max_turns or EpisodeConfig.max_turns)
-        ep = Episode(engine(), task, cfg, log=log[0] if log else None)
+        ep = Episode(engine, task, cfg, log=log[0] if log else None)
         episodes[ep.id] = (ep, pol.id)  # counted while the reset awaits
         try:
             obs = await ep.reset()
@@ -105,10 +103,9 @@ def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyP
         return {"episode_id": ep.id, "observation": obs, "tools": ep.tools}
 
     @router.post("/v1/episodes/{eid}/call")
-    async def call(request: Request, eid: str, body: EpisodeCallBody) -> dict[str, Any]:
+    async def call(pol: Key, eid: str, body: EpisodeCallBody) -> dict[str, Any]:
         """Call one tool; ``done`` is true once the episode ended (then the observation holds
         ``reward``, ``verdict`` and per-test ``tests``)."""
-        pol = authenticate(request)
         ep = episode_of(pol, eid)
         try:
             obs = await ep.call(body.tool, body.arguments)
@@ -117,15 +114,13 @@ def episodes_router(config: ServerConfig, authenticate: Callable[[Request], KeyP
         return {"observation": obs, "done": ep.done}
 
     @router.get("/v1/episodes/{eid}")
-    async def get(request: Request, eid: str) -> dict[str, Any]:
+    async def get(pol: Key, eid: str) -> dict[str, Any]:
         """The episode's state: turns, whether it ended, and how."""
-        pol = authenticate(request)
         return episode_of(pol, eid).summary()
 
     @router.delete("/v1/episodes/{eid}")
-    async def delete(request: Request, eid: str) -> dict[str, Any]:
+    async def delete(pol: Key, eid: str) -> dict[str, Any]:
         """End the episode (ungraded if unfinished) and delete its session."""
-        pol = authenticate(request)
         ep = episode_of(pol, eid)
         await ep.close()
         episodes.pop(eid, None)

@@ -1,0 +1,2 @@
+"""The routes, one router per area (FastAPI's "bigger applications" layout); server/app.py
+includes each with one line."""

@@ -1,0 +1,85 @@
+"""The server's live state (one per app): the engine, sessions, loaded task sets, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sandloop.engine import Engine, EngineClosed, Session
+from sandloop.monitor.live import LiveMonitor
+from sandloop.sandbox.models import ExecResult, Limits, Status
+from sandloop.server.auth import KeyStore
+from sandloop.server.config import ServerConfig
+from sandloop.server.errors import RequestError
+from sandloop.server.observability import Metrics
+from sandloop.server.usage import UsageLedger
+from sandloop.store import ResultStore
+from sandloop.tasks import Task, load_tasks
+
+__all__ = ["ServerState"]
+
+
+class ServerState:
+    """What the routes share, reached through ``request.app.state.sandloop`` (the dependency
+    :func:`sandloop.server.dependencies.get_state`)."""
+
+    def __init__(self, config: ServerConfig, keys: KeyStore,
+                 ledger: UsageLedger | None = None) -> None:
+        self.config = config
+        self.keys = keys
+        self.ledger = ledger
+        self.engine: Engine | None = None
+        self.metrics = Metrics(lambda: self.engine)
+        self.ready = False
+        self.sessions: dict[str, tuple[Session, str]] = {}  # id -> (session, owning key id)
+        self.opening: dict[str, int] = {}  # sessions being opened, per key
+        self.task_sets: dict[str, dict[str, Task]] = {}
+        self.task_lock = asyncio.Lock()
+        self.store: ResultStore | None = None
+        self.resume_task: asyncio.Task[None] | None = None
+        self.monitor = LiveMonitor(self.metrics.registry, log_path=config.rollout_log)
+
+    def running_engine(self) -> Engine:
+        """The engine, or EngineClosed (503) while the server starts or drains."""
+        if self.engine is None or not self.ready:
+            raise EngineClosed("the engine is not running")
+        return self.engine
+
+    def check_limits(self, limits: Limits) -> None:
+        """Refuse limits above this server's maxima (RequestError, 400, naming each)."""
+        c = self.config
+        problems = []
+        if limits.time_s > c.max_time_s or limits.compile_time_limit_s > c.max_time_s:
+            problems.append(f"time_s/compile_time_s at most {c.max_time_s:g}")
+        if max(limits.memory_mb, limits.compile_memory_limit_mb) > c.max_memory_mb:
+            problems.append(f"memory_mb/compile_memory_mb at most {c.max_memory_mb}")
+        if max(limits.stdout_bytes, limits.stderr_bytes) > c.max_output_bytes:
+            problems.append(f"stdout_bytes/stderr_bytes at most {c.max_output_bytes}")
+        if limits.workdir_mb > c.max_workdir_mb:
+            problems.append(f"workdir_mb at most {c.max_workdir_mb}")
+        if problems:
+            raise RequestError("limits beyond this server's maximum: " + "; ".join(problems))
+
+    def observe(self, r: ExecResult, language: str) -> ExecResult:
+        """Count a run's result in the metrics; returns it."""
+        m = self.metrics
+        m.runs.labels(r.status.value).inc()
+        m.run_seconds.labels(language).observe(r.wall_time_s)
+        if r.status is Status.SANDBOX_ERROR:
+            m.infra_failures.inc()
+        return r
+
+    async def tasks_for(self, name: str | None) -> dict[str, Task]:
+        """The tasks of served set ``name`` (all served sets when None), loaded once."""
+        names = [name] if name is not None else list(self.config.task_sets)
+        for n in names:
+            if n not in self.config.task_sets:
+                raise RequestError(f"task set {n!r} is not served here; available: "
+                                   f"{', '.join(self.config.task_sets) or '(none)'}")
+        async with self.task_lock:
+            for n in names:
+                if n not in self.task_sets:
+                    self.task_sets[n] = {t.id: t for t in await asyncio.to_thread(load_tasks, n)}
+        merged: dict[str, Task] = {}
+        for n in names:
+            merged.update(self.task_sets[n])
+        return merged
