@@ -23,6 +23,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │                                    (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
+    ├── EnvError                         runtime environments: SpecError (InputError),
+    │                                    EnvBuildError, EnvNotFound (InputError)
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
     ├── IntegrationError                 trainer adapters: InfraFailure
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 __all__ = [
     "EngineError",
+    "EnvError",
     "InputError",
     "IntegrationError",
     "MonitorError",
@@ -67,6 +70,10 @@ class EngineError(SandloopError):
 
 class TaskError(SandloopError):
     """Task data: schemas, loaders, typed values."""
+
+
+class EnvError(SandloopError):
+    """Runtime environments: specs, builds, the content-addressed store."""
 
 
 class RewardError(SandloopError):
