@@ -57,6 +57,9 @@ def scan(root: Path) -> list[Entry]:
         for name in sorted(dirnames + filenames):
             p = base / name
             rel = p.relative_to(root).as_posix()
+            if "\t" in rel or "\n" in rel:
+                raise EnvBuildError(f"{rel!r}: a tab or newline in a file name cannot be "
+                                    "recorded in the manifest; rename it")
             st = os.lstat(p)
             mode = stat.S_IMODE(st.st_mode)
             if stat.S_ISLNK(st.st_mode):
