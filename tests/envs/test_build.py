@@ -202,3 +202,21 @@ def test_unpinned_dependency_fails_with_its_name(store: EnvStore, tmp_path: Path
                       tmp_path)
     with pytest.raises(EnvBuildError, match="six"):
         store.build(spec)
+
+
+def test_node_environment_from_lockfile(store: EnvStore) -> None:
+    import shutil
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("npm/node not installed")
+    try:
+        info = store.build(load_spec(ROOT / "examples" / "envs" / "node-leftpad" / "env.toml"))
+    except EnvBuildError as e:
+        if "npm ci failed" in str(e):
+            pytest.skip(f"npm registry not reachable: {e}")
+        raise
+    env = info.environment()
+    assert env.env_vars()["NODE_PATH"] == "/opt/env/node/node_modules"
+    r = subprocess.run(["node", "-e", 'console.log(require("left-pad")("x", 3))'],
+                       capture_output=True, text=True, timeout=60,
+                       env={**CLEAN, "NODE_PATH": str(info.tree / "node" / "node_modules")})
+    assert r.stdout == "  x\n", r.stderr
