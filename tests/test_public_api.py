@@ -37,7 +37,7 @@ PUBLIC = {
     "sandloop.monitor": ["ALERT_CODES", "Alert", "AuditOutcome", "LogFormatError", "Monitor",
                          "Rollout", "RunAnalysis", "StepAggregator", "StepStats", "Thresholds",
                          "analyze", "compute_step_stats", "read_log", "write_log"],
-    "sandloop.errors": ["EngineError", "InputError", "IntegrationError", "MonitorError",
+    "sandloop.errors": ["EngineError", "EnvError", "InputError", "IntegrationError", "MonitorError",
                         "RewardError",
                         "SandboxError", "SandloopError", "ServerError", "StoreError", "TaskError"],
 }
