@@ -161,9 +161,10 @@ def test_missing_system_package_fails_the_build(store: EnvStore, tmp_path: Path)
 
 
 def _registry_has_numpy() -> bool:
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
-                        "/tmp/sandloop-test-pipdl", "numpy==2.4.6"],
-                       capture_output=True, timeout=300)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                            d, "numpy==2.4.6"], capture_output=True, timeout=300)
     return r.returncode == 0
 
 
