@@ -40,7 +40,8 @@ PUBLIC = {
     "sandloop.episodes": ["Episode", "EpisodeConfig", "EpisodeFinished", "Grade", "SetupFailed",
                           "Shaping", "Snapshots", "TOOLS", "TOOL_NAMES", "check_arguments",
                           "episode", "shape_reward", "snapshots_of", "tool_schemas"],
-    "sandloop.errors": ["EngineError", "EpisodeError", "InputError", "IntegrationError", "MonitorError",
+    "sandloop.errors": ["EngineError", "EnvError", "EpisodeError", "InputError",
+                        "IntegrationError", "MonitorError",
                         "RewardError",
                         "SandboxError", "SandloopError", "ServerError", "StoreError", "TaskError"],
 }

@@ -24,6 +24,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │                                    (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
+    ├── EnvError                         runtime environments: SpecError (InputError),
+    │                                    EnvBuildError, EnvNotFound (InputError)
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
     ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 __all__ = [
     "EngineError",
+    "EnvError",
     "EpisodeError",
     "InputError",
     "IntegrationError",
@@ -72,6 +75,10 @@ class EngineError(SandloopError):
 
 class TaskError(SandloopError):
     """Task data: schemas, loaders, typed values."""
+
+
+class EnvError(SandloopError):
+    """Runtime environments: specs, builds, the content-addressed store."""
 
 
 class RewardError(SandloopError):

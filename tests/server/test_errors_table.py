@@ -22,7 +22,7 @@ from sandloop.server.errors import STATUS, http_error
 # server (and may not be imported by it: same layer); the CLI answers on a terminal.
 SERVED = ("sandloop.engine", "sandloop.sandbox", "sandloop.tasks", "sandloop.reward",
           "sandloop.store", "sandloop.monitor", "sandloop.episodes", "sandloop.curation",
-          "sandloop.server", "sandloop.errors",
+          "sandloop.envs", "sandloop.server", "sandloop.errors",
           "sandloop.jsonl")
 # The layers' bases: a new class must not get its status by merely inheriting one of these.
 BASES = {c for _, c in inspect.getmembers(sandloop.errors, inspect.isclass)}

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.env import app as env_app
 from sandloop.cli.episodes import episodes_app
 from sandloop.cli.monitor import monitor_app
 from sandloop.cli.tasks import app as tasks_app
@@ -361,6 +362,7 @@ def add_key(
 
 
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(env_app, name="env")
 
 
 def main() -> None:  # pragma: no cover - console entry point

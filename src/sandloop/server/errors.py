@@ -40,11 +40,13 @@ from sandloop.engine import (
     SessionLost,
 )
 from sandloop.engine.journal import JournalError
+from sandloop.envs.errors import EnvBuildError, EnvNotFound, SpecError
 from sandloop.episodes.episode import EpisodeFinished
 from sandloop.episodes.replay import ReplayError
 from sandloop.episodes.snapshots import SetupFailed
 from sandloop.errors import (
     EngineError,
+    EnvError,
     EpisodeError,
     InputError,
     IntegrationError,
@@ -154,6 +156,8 @@ STATUS: Mapping[type[Exception], HttpError] = {
     CompletionFileError: HttpError(400, "invalid_input"),
     ResourceTooLarge: HttpError(400, "resource_too_large"),
     PatchError: HttpError(400, "invalid_patch"),
+    SpecError: HttpError(400, "invalid_environment_spec"),
+    EnvNotFound: HttpError(400, "unknown_environment"),
     IdempotencyConflict: HttpError(409, "idempotency_conflict"),
     EpisodeFinished: HttpError(409, "episode_finished"),
     SessionFull: HttpError(413, "session_full"),
@@ -187,6 +191,8 @@ STATUS: Mapping[type[Exception], HttpError] = {
     StoreError: HttpError(500, "internal_error"),
     MonitorError: HttpError(500, "internal_error"),
     EpisodeError: HttpError(500, "internal_error"),
+    EnvError: HttpError(500, "internal_error"),  # environments are the operator's builds
+    EnvBuildError: HttpError(500, "internal_error"),
     ReplayError: HttpError(500, "internal_error"),
     # A task whose set-up command fails is the task set's defect (the operator's), not the
     # caller's: `sandloop tasks validate` reports it before training.

@@ -1,0 +1,308 @@
+"""The content-addressed store of built environments.
+
+Layout under the store directory (``$SANDLOOP_ENV_DIR``, default ``/var/lib/sandloop/envs``:
+outside any home and any checkout, so that nothing the sandbox shows names them)::
+
+    <id>/tree/           the read-only tree, mounted at /opt/env in the sandbox
+    <id>/manifest.tsv    kind, mode, size, sha256 (or link target), path of every entry
+    <id>/env.json        id, name, resolved spec, build timings, source facts
+    names/<name>         the id a name points to (the latest build of that spec name)
+    .lock                serialises commits and first-use builds between processes
+
+``id = sha256(canonical JSON of the resolved spec + "\\n" + sha256(manifest.tsv))``: the same
+resolved spec building the same bytes lands on the same id; any changed file gives another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from sandloop.envs import manifest
+from sandloop.envs.build import build_tree
+from sandloop.envs.environment import MOUNT_POINT, NODE_DIR, PYTHON_DIR, Environment
+from sandloop.envs.errors import EnvBuildError, EnvNotFound
+from sandloop.envs.spec import BUILTIN_LANGUAGES, Determinism, EnvSpec, builtin_spec
+
+DEFAULT_DIR = "/var/lib/sandloop/envs"
+FORMAT = 1
+
+
+def default_dir() -> Path:
+    """``$SANDLOOP_ENV_DIR``, else /var/lib/sandloop/envs."""
+    return Path(os.environ.get("SANDLOOP_ENV_DIR") or DEFAULT_DIR)
+
+
+def compute_id(resolved: dict[str, Any], manifest_text: str) -> str:
+    canon = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{canon}\n{manifest.digest(manifest_text)}".encode()).hexdigest()
+
+
+class EnvInfo(BaseModel):
+    """One built environment's record (its env.json) and where it lies."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format: int = FORMAT
+    id: str
+    name: str
+    description: str = ""
+    builtin: bool = False
+    resolved: dict[str, Any]
+    manifest_sha256: str
+    built_at: str
+    timings: dict[str, float] = {}
+    files: int = 0
+    size_bytes: int = 0
+    source: dict[str, Any] = {}
+    path: str = ""
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def tree(self) -> Path:
+        return Path(self.path) / "tree"
+
+    def environment(self) -> Environment:
+        """The sandbox's view of it (environment.py)."""
+        spec = self.resolved.get("spec", {})
+        py = spec.get("python")
+        python = None
+        path: list[str] = []
+        if py is not None:
+            python = f"{MOUNT_POINT}/{PYTHON_DIR}/bin/python3"
+            path.append(f"{MOUNT_POINT}/{PYTHON_DIR}/bin")
+        extra = dict(spec.get("env") or {})
+        if spec.get("node") is not None:
+            extra["NODE_PATH"] = f"{MOUNT_POINT}/{NODE_DIR}/node_modules"
+            path.append(f"{MOUNT_POINT}/{NODE_DIR}/node_modules/.bin")
+        return Environment(
+            id=self.id, name=self.name, root=self.tree, python=python,
+            preload=tuple((py or {}).get("preload") or ()),
+            determinism=Determinism.model_validate(spec.get("determinism") or {}),
+            extra_env=extra, path=tuple(path))
+
+
+class VerifyReport(BaseModel):
+    """The outcome of re-hashing an environment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    ok: bool
+    detail: str
+    modified: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+class EnvStore:
+    """Built environments under one directory."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_dir()
+
+    # -- layout ---------------------------------------------------------------------------
+    def _ensure_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / "names").mkdir(exist_ok=True)
+        except OSError as e:
+            raise EnvBuildError(f"cannot create the environment store {self.root} "
+                                f"({e.strerror}); set $SANDLOOP_ENV_DIR to a writable "
+                                "directory outside any home and checkout") from None
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self._ensure_root()
+        with open(self.root / ".lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _read_info(self, d: Path) -> EnvInfo | None:
+        try:
+            data = json.loads((d / "env.json").read_text(encoding="utf-8"))
+            return EnvInfo.model_validate({**data, "path": str(d)})
+        except (OSError, ValueError):
+            return None
+
+    # -- queries --------------------------------------------------------------------------
+    def list(self) -> list[EnvInfo]:
+        """Every built environment, newest first."""
+        if not self.root.is_dir():
+            return []
+        out = [i for d in self.root.iterdir()
+               if len(d.name) == 64 and d.is_dir() and (i := self._read_info(d)) is not None]
+        return sorted(out, key=lambda i: i.built_at, reverse=True)
+
+    def names(self) -> dict[str, str]:
+        """name -> id of the environment the name points to."""
+        d = self.root / "names"
+        if not d.is_dir():
+            return {}
+        return {p.name: p.read_text().strip() for p in sorted(d.iterdir()) if p.is_file()}
+
+    def get(self, ref: str) -> EnvInfo:
+        """An environment by name, full id or unique id prefix (at least 6 characters)."""
+        ids: list[str] = []
+        target = self.names().get(ref)
+        if target is not None:
+            ids = [target]
+        elif len(ref) >= 6 and all(c in "0123456789abcdef" for c in ref) and self.root.is_dir():
+            ids = [d.name for d in self.root.iterdir() if len(d.name) == 64
+                   and d.name.startswith(ref)]
+        if len(ids) > 1:
+            raise EnvNotFound(f"id prefix {ref!r} matches {len(ids)} environments; give more "
+                              "characters")
+        info = self._read_info(self.root / ids[0]) if ids else None
+        if info is None:
+            hint = (" (built-in: `sandloop env build --builtin " + ref + "`)"
+                    if ref in BUILTIN_LANGUAGES else "")
+            raise EnvNotFound(f"no environment {ref!r} in {self.root}; `sandloop env ls` "
+                              f"lists them, `sandloop env build SPEC` makes one{hint}")
+        return info
+
+    # -- changes --------------------------------------------------------------------------
+    def build(self, spec: EnvSpec, *, builtin: bool = False,
+              log: Callable[[str], None] | None = None) -> EnvInfo:
+        """Build ``spec`` and add it to the store (or find its identical twin there); its name
+        then points to it."""
+        return self._build(spec, builtin=builtin, log=log, locked=False)
+
+    def _build(self, spec: EnvSpec, *, builtin: bool, log: Callable[[str], None] | None,
+               locked: bool) -> EnvInfo:
+        self._ensure_root()
+        say = log or (lambda _msg: None)
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
+        try:
+            res = build_tree(spec, work, say, builtin=builtin)
+            env_id = compute_id(res.resolved, res.manifest_text)
+            entries = manifest.parse(res.manifest_text)
+            info = EnvInfo(
+                id=env_id, name=spec.name, description=spec.description, builtin=builtin,
+                resolved=res.resolved, manifest_sha256=manifest.digest(res.manifest_text),
+                built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                timings={k: round(v, 3) for k, v in res.timings.items()},
+                files=sum(e.kind == "f" for e in entries),
+                size_bytes=sum(e.size for e in entries), source=res.source)
+            (work / "manifest.tsv").write_text(res.manifest_text, encoding="utf-8")
+            (work / "env.json").write_text(
+                info.model_dump_json(indent=2, exclude={"path"}), encoding="utf-8")
+            for f in ("manifest.tsv", "env.json"):
+                os.chmod(work / f, 0o444)
+            os.chmod(work, 0o755)
+            final = self.root / env_id
+            with contextlib.nullcontext() if locked else self._lock():
+                if final.exists():
+                    _remove_tree(work)
+                else:
+                    os.rename(work, final)
+                self._point(spec.name, env_id)
+            got = self._read_info(final)
+            assert got is not None
+            return got
+        except BaseException:
+            if work.exists():
+                _remove_tree(work)
+            raise
+
+    def _point(self, name: str, env_id: str) -> None:
+        tmp = self.root / "names" / f".{name}.tmp"
+        tmp.write_text(env_id + "\n")
+        os.replace(tmp, self.root / "names" / name)
+
+    def remove(self, ref: str) -> EnvInfo:
+        """Delete an environment and the names pointing to it."""
+        info = self.get(ref)
+        with self._lock():
+            for name, target in self.names().items():
+                if target == info.id:
+                    (self.root / "names" / name).unlink()
+            _remove_tree(Path(info.path))
+        return info
+
+    def verify(self, ref: str) -> VerifyReport:
+        """Re-hash the tree and compare with the manifest and the id."""
+        info = self.get(ref)
+        d = Path(info.path)
+        try:
+            recorded = (d / "manifest.tsv").read_text(encoding="utf-8")
+            actual = manifest.scan(d / "tree")
+        except (OSError, EnvBuildError) as e:
+            return VerifyReport(id=info.id, name=info.name, ok=False,
+                                detail=f"cannot re-hash: {e}; rebuild it")
+        diff = manifest.compare(manifest.parse(recorded), actual)
+        base = {"id": info.id, "name": info.name, "modified": diff.changed,
+                "added": diff.added, "removed": diff.removed}
+        if not diff.clean:
+            return VerifyReport(**base, ok=False, detail=f"the tree changed since it was "
+                                f"built: {diff.summary()}; rebuild it (`sandloop env rm` "
+                                "then `sandloop env build`)")
+        if compute_id(info.resolved, recorded) != info.id:
+            return VerifyReport(**base, ok=False, detail="env.json or manifest.tsv no longer "
+                                "hash to the environment's id; rebuild it")
+        return VerifyReport(**base, ok=True, detail=f"{len(actual)} entries match the "
+                            "manifest and the id")
+
+    def ensure(self, name: str, *, log: Callable[[str], None] | None = None) -> EnvInfo:
+        """The named environment; a built-in one (``python``, ``c``, ...) is built from the host
+        on first use, and rebuilt when the host interpreter it copied changed."""
+        if name not in BUILTIN_LANGUAGES:
+            return self.get(name)
+        with contextlib.suppress(EnvNotFound):
+            info = self.get(name)
+            if _source_unchanged(info.source):
+                return info
+        with self._lock():  # one process builds; the others wait and then find it
+            with contextlib.suppress(EnvNotFound):
+                info = self.get(name)
+                if _source_unchanged(info.source):
+                    return info
+            return self._build(builtin_spec(name), builtin=True, log=log, locked=True)
+
+
+def _source_unchanged(source: dict[str, Any]) -> bool:
+    exe = source.get("interpreter")
+    if not exe:
+        return True
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return True  # the host interpreter is gone: the copy still works
+    return bool(st.st_size == source.get("size") and st.st_mtime_ns == source.get("mtime_ns"))
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a sealed (read-only) tree: directories get their write bit back first."""
+    for dirpath, dirs, _files in os.walk(path):
+        for name in dirs:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                os.chmod(p, 0o755)
+    if path.exists() and not path.is_symlink():
+        os.chmod(path, stat.S_IMODE(path.stat().st_mode) | 0o700)
+    shutil.rmtree(path)
+
+
+def age_s(info: EnvInfo) -> float:
+    """Seconds since ``info`` was built."""
+    return time.time() - datetime.fromisoformat(info.built_at).timestamp()

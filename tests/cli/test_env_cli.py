@@ -1,0 +1,72 @@
+"""``sandloop env``: build / ls / show / verify / rm through the real CLI, and ``env check``
+on a real pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, store: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDLOOP_ENV_DIR": str(store),
+           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "sandloop", "env", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+def test_env_lifecycle(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('name = "tiny"\n[files]\n"hello.txt" = "hi"\n[env]\nGREETING = "hi"\n')
+    r = cli("build", str(spec), "--json", store=store)
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)
+    env_id = built["id"]
+    assert built["name"] == "tiny" and (store / env_id / "tree" / "hello.txt").is_file()
+
+    r = cli("ls", "--json", store=store)
+    assert [json.loads(line)["names"] for line in r.stdout.splitlines()] == [["tiny"]]
+
+    shown = json.loads(cli("show", env_id[:8], store=store).stdout)
+    assert shown["mount"]["target"] == "/opt/env"
+    assert shown["mount"]["env"]["GREETING"] == "hi"
+    assert shown["mount"]["env"]["PYTHONHASHSEED"] == "0"
+
+    assert cli("verify", store=store).returncode == 0
+    target = store / env_id / "tree" / "hello.txt"
+    os.chmod(target.parent, 0o755)
+    os.chmod(target, 0o644)
+    target.write_text("tampered")
+    r = cli("verify", "tiny", store=store)
+    assert r.returncode == 1 and "MODIFIED" in r.stdout and "hello.txt" in r.stdout
+
+    assert cli("rm", "tiny", store=store).returncode == 0
+    r = cli("show", "tiny", store=store)
+    assert r.returncode == 2 and "no environment 'tiny'" in r.stderr
+
+
+def test_build_errors_are_exit_2_with_the_fix(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text('name = "bad"\n[python]\npackages = ["numpy>=2"]\n')
+    r = cli("build", str(spec), store=tmp_path / "s")
+    assert r.returncode == 2 and "exact pin" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root")
+def test_check_reports_every_probe(tmp_path: Path) -> None:
+    r = cli("check", "--repeat", "1", "--slots", "2", "--json", store=tmp_path)
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    by_name = {x["probe"]: x for x in lines}
+    assert {"set_order", "str_hash", "locale", "timezone", "environ", "shell_python"} <= set(by_name)
+    assert all(sum(v["count"] for v in x["variants"]) == 2 for x in lines)
+    assert all(v["status"] == "ok" for x in lines for v in x["variants"])
+    # Pinned already by the sandbox's own environment: locale and time zone.
+    assert by_name["locale"]["deterministic"] and by_name["timezone"]["deterministic"]
+    assert r.returncode == (0 if all(x["deterministic"] for x in lines) else 1)

@@ -1,0 +1,223 @@
+"""Building environments for real: the built-in Python environment copied from this host, and a
+numpy environment from the registry this machine reaches. The trees' interpreters run directly
+(outside a sandbox) with -I and a clean environment, as the sandbox will run them."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandloop.envs import EnvBuildError, EnvNotFound, EnvStore, load_spec, parse_spec
+from sandloop.envs.build import probe_interpreter
+from sandloop.envs.elf import _runpath_slots
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+
+
+def run_in(exe: Path, code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(exe), "-I", "-c", code], capture_output=True, text=True,
+                          env=CLEAN, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> EnvStore:
+    return EnvStore(tmp_path_factory.mktemp("envstore"))
+
+
+@pytest.fixture(scope="module")
+def python_env(store: EnvStore):  # type: ignore[no-untyped-def]
+    return store.ensure("python")
+
+
+def test_builtin_python_runs_stdlib_only(python_env) -> None:  # type: ignore[no-untyped-def]
+    exe = python_env.environment().host_python
+    assert exe is not None and exe.is_file()
+    r = run_in(exe, "import sys, ssl, sqlite3, ctypes, decimal, json; print(sys.version)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == ".".join(map(str, sys.version_info[:3]))
+    # The supervisor's packages are not there: the tree has no site-packages of the host.
+    for mod in ("fastapi", "pydantic", "uvicorn", "sandloop", "numpy"):
+        r = run_in(exe, f"import {mod}")
+        assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, mod
+
+
+def test_tree_names_no_host_path(python_env) -> None:  # type: ignore[no-untyped-def]
+    """No text file of the tree names the host installation or the store, and the binaries
+    find libpython relative to themselves ($ORIGIN), not through the host prefix."""
+    tree = python_env.tree
+    host_prefix = probe_interpreter(sys.executable)["base_prefix"].encode()
+    store_path = str(Path(python_env.path).parent).encode()
+    for dirpath, _dirs, files in os.walk(tree):
+        for name in files:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                assert not os.readlink(p).startswith("/"), p
+                continue
+            data = p.read_bytes()
+            assert store_path not in data, p
+            if data[:4] == b"\x7fELF":
+                for start, length in _runpath_slots(data):
+                    assert data[start:start + length].startswith(b"$ORIGIN"), p
+            elif b"\0" not in data:
+                assert host_prefix not in data, p
+    r = run_in(python_env.environment().host_python,
+               "import sysconfig; print(sysconfig.get_config_var('prefix'))")
+    assert r.stdout.strip() == "/opt/env/python"
+
+
+def test_tree_is_read_only_and_skips_host_extras(python_env) -> None:  # type: ignore[no-untyped-def]
+    lib = next((python_env.tree / "python" / "lib").glob("python3.*"))
+    assert list((lib / "site-packages").iterdir()) == []
+    for gone in ("test", "idlelib", "tkinter", "ensurepip"):
+        assert not (lib / gone).exists()
+    for dirpath, dirs, files in os.walk(python_env.tree):
+        for name in dirs + files:
+            st = os.lstat(Path(dirpath) / name)
+            if not stat.S_ISLNK(st.st_mode):
+                assert st.st_mode & 0o222 == 0, name
+                assert st.st_mode & 0o444 == 0o444, name  # readable by the sandbox's uids
+
+
+def test_same_spec_same_id(store: EnvStore, python_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Content addressing: a second build of the same spec, in another store, has the same id;
+    a spec differing only in a file gets another."""
+    other = EnvStore(tmp_path / "other")
+    again = other.build(parse_spec({"name": "again", "python": {}}, tmp_path))
+    assert again.id == python_env.id
+    changed = other.build(parse_spec({"name": "withfile", "python": {},
+                                      "files": {"data/x.txt": "1"}}, tmp_path))
+    assert changed.id != python_env.id
+    assert (changed.tree / "data" / "x.txt").read_text() == "1"
+
+
+def test_verify_catches_modified_added_removed_and_mode(store: EnvStore, tmp_path: Path) -> None:
+    info = store.build(parse_spec({"name": "victim", "files": {"a.txt": "a", "b.txt": "b",
+                                                                "c.txt": "c"}}, tmp_path))
+    assert store.verify("victim").ok
+    tree = info.tree
+    os.chmod(tree, 0o755)
+    os.chmod(tree / "a.txt", 0o644)
+    (tree / "a.txt").write_text("A")           # modified
+    (tree / "b.txt").unlink()                  # removed
+    (tree / "d.txt").write_text("d")           # added
+    os.chmod(tree / "c.txt", 0o755)            # mode only
+    rep = store.verify(info.id[:8])
+    assert not rep.ok
+    assert rep.modified == ("a.txt", "c.txt") and rep.removed == ("b.txt",)
+    assert rep.added == ("d.txt",)
+    assert "rebuild" in rep.detail
+
+
+def test_verify_catches_a_forged_manifest(store: EnvStore, tmp_path: Path) -> None:
+    """Editing the manifest to match a modified tree does not pass: the id hashes it."""
+    info = store.build(parse_spec({"name": "forged", "files": {"a.txt": "a"}}, tmp_path))
+    d = Path(info.path)
+    os.chmod(info.tree, 0o755)
+    os.chmod(info.tree / "a.txt", 0o644)
+    (info.tree / "a.txt").write_text("evil")
+    os.chmod(info.tree / "a.txt", 0o444)
+    os.chmod(info.tree, 0o555)
+    from sandloop.envs import manifest
+    os.chmod(d / "manifest.tsv", 0o644)
+    (d / "manifest.tsv").write_text(manifest.render(manifest.scan(info.tree)))
+    rep = store.verify("forged")
+    assert not rep.ok and "id" in rep.detail
+
+
+def test_names_prefixes_and_removal(store: EnvStore, tmp_path: Path) -> None:
+    info = store.build(parse_spec({"name": "gone", "files": {"z.txt": "z"}}, tmp_path))
+    assert store.get("gone").id == info.id
+    assert store.get(info.id[:10]).id == info.id
+    assert store.names()["gone"] == info.id
+    store.remove("gone")
+    assert not Path(info.path).exists()
+    with pytest.raises(EnvNotFound, match="env ls"):
+        store.get("gone")
+    with pytest.raises(EnvNotFound):
+        store.get("nosuchname")
+
+
+def test_environment_interface(python_env) -> None:  # type: ignore[no-untyped-def]
+    env = python_env.environment()
+    assert env.python == "/opt/env/python/bin/python3"
+    assert env.mounts()[0].target == "/opt/env" and env.mounts()[0].source == python_env.tree
+    assert env.env_vars()["PYTHONHASHSEED"] == "0"
+    assert env.env_vars(hash_seed=5)["PYTHONHASHSEED"] == "5"
+    assert env.env_vars()["TZ"] == "UTC"
+    assert env.search_path("/usr/bin:/bin").startswith("/opt/env/python/bin:")
+
+
+def test_missing_system_package_fails_the_build(store: EnvStore, tmp_path: Path) -> None:
+    with pytest.raises(EnvBuildError, match="apt-get install"):
+        store.build(parse_spec({"name": "sys", "system": {"packages": ["no-such-pkg-zz"]}},
+                               tmp_path))
+    assert not list(store.root.glob(".build-*"))  # a failed build leaves nothing behind
+
+
+def _registry_has_numpy() -> bool:
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                            d, "numpy==2.4.6"], capture_output=True, timeout=300)
+    return r.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def numpy_env(store: EnvStore):  # type: ignore[no-untyped-def]
+    if not _registry_has_numpy():
+        pytest.skip("no package registry reachable from this host (pip download numpy failed)")
+    return store.build(load_spec(ROOT / "examples" / "envs" / "py-numpy.toml"))
+
+
+def test_numpy_environment(numpy_env, store: EnvStore) -> None:  # type: ignore[no-untyped-def]
+    """The acceptance check of issue 17 that needs no sandbox: numpy builds and imports, the
+    supervisor's packages do not, and verify catches a modified numpy file."""
+    exe = numpy_env.environment().host_python
+    r = run_in(exe, "import numpy; print(numpy.__version__, numpy.arange(4).sum())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2.4.6", "6"]
+    assert run_in(exe, "import fastapi").returncode != 0
+    assert numpy_env.resolved["python"]["installed"] == ["numpy==2.4.6"]
+    f2py = numpy_env.tree / "python" / "bin" / "f2py"
+    assert f2py.read_text().splitlines()[0] == "#!/opt/env/python/bin/python3.11"
+    assert store.verify("py-numpy").ok
+    target = next((numpy_env.tree / "python" / "lib").glob("python3.*/site-packages/numpy/"
+                                                           "__init__.py"))
+    os.chmod(target, 0o644)
+    with open(target, "a") as f:
+        f.write("\nimport os  # tampered\n")
+    rep = store.verify("py-numpy")
+    assert not rep.ok and rep.modified == (str(target.relative_to(numpy_env.tree)),)
+
+
+def test_unpinned_dependency_fails_with_its_name(store: EnvStore, tmp_path: Path) -> None:
+    if not _registry_has_numpy():
+        pytest.skip("no package registry reachable from this host")
+    spec = parse_spec({"name": "dateutil", "python": {"packages": ["python-dateutil==2.9.0.post0"]}},
+                      tmp_path)
+    with pytest.raises(EnvBuildError, match="six"):
+        store.build(spec)
+
+
+def test_node_environment_from_lockfile(store: EnvStore) -> None:
+    import shutil
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("npm/node not installed")
+    try:
+        info = store.build(load_spec(ROOT / "examples" / "envs" / "node-leftpad" / "env.toml"))
+    except EnvBuildError as e:
+        if "npm ci failed" in str(e):
+            pytest.skip(f"npm registry not reachable: {e}")
+        raise
+    env = info.environment()
+    assert env.env_vars()["NODE_PATH"] == "/opt/env/node/node_modules"
+    r = subprocess.run(["node", "-e", 'console.log(require("left-pad")("x", 3))'],
+                       capture_output=True, text=True, timeout=60,
+                       env={**CLEAN, "NODE_PATH": str(info.tree / "node" / "node_modules")})
+    assert r.stdout == "  x\n", r.stderr
