@@ -25,7 +25,7 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── StoreError                       the durable result store
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
-    ├── IntegrationError                 trainer adapters: InfraFailure
+    ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError)
 
