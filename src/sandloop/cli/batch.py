@@ -157,6 +157,7 @@ async def _run(lines: list[Line], slots: int | None, isolation: str, store: Resu
     """Vet the limits, take stored results (``resume``), run the rest through the engine, and
     print JSONL in input order as soon as each prefix is done."""
     import asyncio
+    import contextlib
 
     from sandloop.engine import Engine
     from sandloop.sandbox.models import ExecResult, Status
@@ -192,20 +193,23 @@ async def _run(lines: list[Line], slots: int | None, isolation: str, store: Resu
                 info(f"exec-batch: {reused} result(s) taken from {store.path}, not rerun")
             todo = [ln for ln in todo if ln.result is None]
         flush()
+        runs = engine.stream(((ln.request.program, ln.request.limits)
+                              for ln in todo if ln.request is not None), client="exec-batch")
+        # aclosing: on Ctrl-C (a cancellation) the stream is closed at once, which cancels its
+        # unfinished runs, before the engine closes; else the engine would wait for them.
         with Progress("exec-batch", len(todo), interval_s=settings.progress_interval_s) as bar:
-            async for i, r in engine.stream(((ln.request.program, ln.request.limits)
-                                             for ln in todo if ln.request is not None),
-                                            client="exec-batch"):
-                ln = todo[i]
-                ln.result = r
-                if store is not None and ln.request is not None and \
-                        r.status is not Status.SANDBOX_ERROR:
-                    # An infrastructure failure is never kept: a resumed batch runs it again.
-                    store.put(_key(ln.request), {"reward": 1.0 if r.ok else 0.0,
-                                                 "verdict": r.status.value,
-                                                 "result": json.loads(r.to_json())})
-                bar.advance()
-                flush()
+            async with contextlib.aclosing(runs):
+                async for i, r in runs:
+                    ln = todo[i]
+                    ln.result = r
+                    if store is not None and ln.request is not None and \
+                            r.status is not Status.SANDBOX_ERROR:
+                        # An infrastructure failure is never kept: a resumed batch runs it again.
+                        store.put(_key(ln.request), {"reward": 1.0 if r.ok else 0.0,
+                                                     "verdict": r.status.value,
+                                                     "result": json.loads(r.to_json())})
+                    bar.advance()
+                    flush()
         flush()
 
 

@@ -656,7 +656,8 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await feeder
             for job in outstanding.values():
-                job.waiters += 1  # balanced by _release_waiter
+                # The stream's own interest (counted when submitted) goes: a job no one else
+                # waits on is cancelled, and a running one killed, as the docstring says.
                 self._release_waiter(job)
 
     async def run_repeated(self, program: Program, limits: Limits | None = None, *, k: int = 3,
