@@ -1,6 +1,6 @@
-"""``python -m sandloop ...``: the same commands as the ``sandloop`` script."""
+"""``python -m sandloop ...``: the same commands, exit codes and error lines as the script."""
 
-from sandloop.cli.main import app
+from sandloop.cli.main import main
 
 if __name__ == "__main__":
-    app(prog_name="sandloop")
+    main()

@@ -29,7 +29,7 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
     ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError
-    ├── IntegrationError                 trainer adapters: InfraFailure
+    ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError), RequestError (InputError)
 

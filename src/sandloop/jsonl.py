@@ -26,6 +26,8 @@ def json_objects(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise JsonLineError(lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:  # [[[[...]]]]: the decoder's recursion limit, not a crash
+            raise JsonLineError(lineno, "JSON nested too deeply") from None
         if not isinstance(obj, dict):
             raise JsonLineError(lineno, f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj

@@ -14,6 +14,13 @@ SANDLOOP = [sys.executable, "-m", "sandloop.cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default result store lives in the user's cache: keep the commands' in the test's dir.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SANDLOOP_DB", raising=False)
+
+
 def sh(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SANDLOOP, *args], capture_output=True, text=True, input=stdin,
                           timeout=120)
@@ -95,8 +102,17 @@ def test_exec_batch_in_order(tmp_path: Path) -> None:
 def test_exec_batch_bad_line_names_line_and_field(tmp_path: Path, line: str, message: str) -> None:
     f = tmp_path / "req.jsonl"
     f.write_text('{"source": "print(1)"}\n' + line + "\n")
-    r = sh("exec-batch", str(f))
+    # --strict: the bad line stops the batch before anything runs.
+    r = sh("exec-batch", "--strict", str(f))
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
+    assert "nothing was run" in r.stderr and "Traceback" not in r.stderr
+    # Default: the bad line is that line's result; the good one still runs (exit 2 all the same).
+    r = sh("exec-batch", str(f))
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 2, r.stderr
+    assert out[0]["status"] == "ok" and out[0]["stdout"] == "1\n"
+    assert out[1]["status"] == "invalid_request" and out[1]["line"] == 2
+    assert message in out[1]["error"]
 
 
 def test_demo_batch_table() -> None:

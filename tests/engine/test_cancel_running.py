@@ -35,3 +35,23 @@ async def test_engine_pool_scales_between_min_and_max_slots() -> None:
         assert all(r.status is Status.OK for r in results)
         assert pool.slots_now > 1
     assert_none_left(before)
+
+
+async def test_leaving_a_stream_early_kills_its_running_jobs() -> None:
+    # The stream's docstring: leaving the loop cancels the jobs not yet finished. A running one
+    # must be killed, not waited for (Ctrl-C on `sandloop exec-batch` waited for every run).
+    import contextlib
+
+    before = sandbox_processes()
+    t = 0.0
+    async with Engine(slots=2) as engine:
+        runs = engine.stream([(Program(source="print(1)"), Limits(time_s=10)),
+                              (Program(source="import time; time.sleep(60)"), Limits(time_s=120))])
+        async with contextlib.aclosing(runs):
+            async for _i, r in runs:
+                assert r.stdout == "1\n"
+                await asyncio.sleep(0.8)  # the sleeper is running by now
+                break
+        t = time.monotonic()
+    assert time.monotonic() - t < 10  # closing did not wait for the 60 s sleeper
+    assert_none_left(before)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 
 from live import LiveServer
@@ -66,3 +68,20 @@ def test_remote_scorer_uses_score_endpoint() -> None:
         (r,) = s.score([__import__("sandloop.integrations", fromlist=["ScoreItem"])
                         .ScoreItem(label=IO, completion=SUM)])
         assert r.reward == 1.0 and r.verdict.value == "passed"
+
+
+def test_remote_scorer_with_the_server_down_says_so_in_one_error() -> None:
+    # A port nothing listens on (bound, then closed): the adapters' remote client must raise
+    # sandloop's own error naming the URL, not httpx's ConnectError.
+    import socket
+
+    from sandloop.errors import IntegrationError
+    from sandloop.integrations.scorer import RemoteScoringError, ScoreItem, Scorer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scorer = Scorer(url=f"http://127.0.0.1:{port}", request_timeout_s=5)
+    with pytest.raises(RemoteScoringError, match="cannot reach the sandloop server") as info:
+        scorer.score([ScoreItem("HumanEval/0", "    return False\n")])
+    assert isinstance(info.value, IntegrationError) and f":{port}/v1/score" in str(info.value)

@@ -1,4 +1,9 @@
-"""The ``sandloop`` command line: doctor, exec, exec-batch (and the commands of later layers)."""
+"""The ``sandloop`` command line: doctor, exec, exec-batch (and the commands of later layers).
+
+Exit codes (``cli/exits.py``): 0 ok, 1 the work found failures, 2 bad input, 3 infrastructure.
+Commands import what they run (engine, sandbox, rich tables) inside themselves, so that
+``sandloop --help`` and argument errors stay fast.
+"""
 
 from __future__ import annotations
 
@@ -6,55 +11,87 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from sandloop import _aio as aio
+from sandloop.cli import output
 from sandloop.cli.env import app as env_app
 from sandloop.cli.episodes import episodes_app
+from sandloop.cli.exits import ExitCode, one_line, run_guarded
 from sandloop.cli.monitor import monitor_app
+from sandloop.cli.options import (
+    Db,
+    MemoryMb,
+    NoIsolation,
+    Out,
+    Preload,
+    Slots,
+    TimeLimit,
+    positive,
+)
 from sandloop.cli.tasks import app as tasks_app
-from sandloop.engine import Engine
-from sandloop.sandbox import host
-from sandloop.sandbox.jailbuild import build_jail
-from sandloop.sandbox.languages import LanguageUnavailable, spec_for
-from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
-from sandloop.sandbox.pool import DEFAULT_UID_BASE, SandboxPool
-from sandloop.sandbox.requests import BatchRequestError, ExecRequest, read_requests
-from sandloop.sandbox.slot import default_python
-from sandloop.sandbox.unisolated import unisolated_identity
+
+if TYPE_CHECKING:
+    from sandloop.sandbox.models import ExecResult
+    from sandloop.settings import Settings
 
 app = typer.Typer(
-    help="sandloop: isolated, fast execution and trustworthy rewards for RL post-training.",
+    help="sandloop: isolated, fast execution and trustworthy rewards for RL post-training. "
+         "Exit codes: 0 ok, 1 the work found failures, 2 bad input, 3 infrastructure failed.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
 app.add_typer(monitor_app, name="monitor")
 app.add_typer(episodes_app, name="episodes")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
 
-NoIsolation = Annotated[
-    bool,
-    typer.Option("--no-isolation",
-                 help="Explicit opt-out: run WITHOUT isolation (only for hosts that cannot "
-                      "isolate and code you trust). Results say isolation='none'."),
-]
-Preload = Annotated[
-    list[str] | None,
-    typer.Option("--preload", help="Also keep MODULE imported in every slot, e.g. unittest for "
-                                   "unittest-based suites (repeatable)."),
-]
-
 
 def _isolation(no_isolation: bool) -> str:
     return "none" if no_isolation else "full"
+
+
+def _error(message: str) -> None:
+    """One line on stderr: the input, the field, the problem."""
+    sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
+
+
+def _settings() -> Settings:
+    """The project's config (sandloop.toml / [tool.sandloop]); a bad one is exit 2."""
+    from sandloop.settings import ConfigError, load_settings
+
+    try:
+        return load_settings()
+    except ConfigError as e:
+        _error(str(e))
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sandloop import __version__
+
+        print(f"sandloop {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q",
+                                        help="No progress or notes on stderr (errors still).")
+                     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+                                          help="More detail: tracebacks of internal errors.")
+                       ] = False,
+) -> None:
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose exclude each other")
+    output.state.quiet, output.state.verbose = quiet, verbose
 
 
 @app.command()
@@ -62,6 +99,17 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Report which isolation features work on this host and what `exec` will use."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sandloop.sandbox import host
+    from sandloop.sandbox.jailbuild import build_jail
+    from sandloop.sandbox.languages import LanguageUnavailable, spec_for
+    from sandloop.sandbox.models import LANGUAGES
+    from sandloop.sandbox.pool import DEFAULT_UID_BASE
+    from sandloop.sandbox.slot import default_python
+    from sandloop.sandbox.unisolated import unisolated_identity
+
     report = host.probe()
     langs = {}
     for lang in LANGUAGES:
@@ -121,6 +169,10 @@ def doctor(
 
 
 def _print_human(r: ExecResult) -> None:
+    from rich.console import Console
+
+    from sandloop.sandbox.models import Status
+
     if r.compile is not None and r.compile.status is not Status.OK:
         sys.stderr.write(r.compile.stderr)
     sys.stdout.write(r.stdout)
@@ -129,47 +181,72 @@ def _print_human(r: ExecResult) -> None:
     colour = "green" if r.ok else "red"
     detail = f" exit={r.exit_code}" if r.exit_code is not None else ""
     detail += f" signal={r.signal}" if r.signal is not None else ""
-    err.print(f"[{colour}]{r.status.value}[/]{detail} wall={r.wall_time_s:.3f}s "
-              f"cpu={r.cpu_time_s:.3f}s mem={r.peak_memory_mb:.1f}MiB"
-              + (f" [red]{r.error}[/]" if r.error else ""))
+    Console(stderr=True).print(
+        f"[{colour}]{r.status.value}[/]{detail} wall={r.wall_time_s:.3f}s "
+        f"cpu={r.cpu_time_s:.3f}s mem={r.peak_memory_mb:.1f}MiB"
+        + (f" [red]{r.error}[/]" if r.error else ""), highlight=False)
+
+
+def _read_source(source: Path) -> str:
+    """The program's text: UTF-8, from a file or '-' (stdin); anything else is exit 2."""
+    where = "standard input" if str(source) == "-" else str(source)
+    try:
+        data = sys.stdin.buffer.read() if str(source) == "-" else source.read_bytes()
+    except OSError as e:
+        _error(f"cannot read {where}: {e.strerror or e}")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _error(f"{where}: not UTF-8 text (byte {e.start}); programs are UTF-8 source")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
 
 
 @app.command("exec")
 def exec_(
-    source: Annotated[Path, typer.Argument(help="Program file ('-' reads standard input).")],
-    language: Annotated[str | None, typer.Option("--language", "-l",
-                                                 help=f"One of {', '.join(LANGUAGES)}; "
-                                                      "default: from the file extension.")] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Wall-clock seconds.")] = 10.0,
-    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory + swap, MiB.")] = 512,
-    stdin: Annotated[Path | None, typer.Option("--stdin", help="File fed to the program's stdin.")] = None,
+    source: Annotated[Path, typer.Argument(help="Program file ('-' reads standard input).",
+                                           dir_okay=False)],
+    language: Annotated[str | None, typer.Option(
+        "--language", "-l", help="python, c, cpp, javascript or bash; default: from the file "
+                                 "extension.")] = None,
+    time_limit: TimeLimit = 10.0,
+    memory_mb: MemoryMb = 512,
+    stdin: Annotated[Path | None, typer.Option("--stdin", dir_okay=False,
+                                               help="File fed to the program's stdin.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one ExecResult JSON object.")] = False,
     no_isolation: NoIsolation = False,
 ) -> None:
-    """Run one program in the sandbox."""
-    if str(source) == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = source.read_text(encoding="utf-8")
-        except OSError as e:
-            err.print(f"[red]cannot read {source}: {e.strerror}[/]")
-            raise typer.Exit(2) from e
-        except UnicodeDecodeError as e:
-            err.print(f"[red]invalid request: {source} is not UTF-8 text (byte {e.start}); "
-                      "programs are UTF-8 source[/]")
-            raise typer.Exit(2) from e
+    """Run one program in the sandbox. Exit 0: it succeeded; 1: it failed; 3: sandbox_error."""
+    from pydantic import ValidationError
+
+    from sandloop import _aio as aio
+    from sandloop.sandbox.models import Limits, Program, Status
+    from sandloop.sandbox.pool import SandboxPool
+
+    text = _read_source(source)
     lang = language or _EXT.get(source.suffix.lower())
     if lang is None:
-        err.print(f"[red]cannot tell the language of {source}; pass --language[/]")
-        raise typer.Exit(2)
+        _error(f"cannot tell the language of {source}; pass --language")
+        raise typer.Exit(ExitCode.BAD_INPUT)
+    settings = _settings()
+    if time_limit > settings.max_time_s or memory_mb > settings.max_memory_mb:
+        _error(f"--time-limit {time_limit:g} / --memory-mb {memory_mb}: over the project's "
+               f"max_time_s={settings.max_time_s:g} / max_memory_mb={settings.max_memory_mb} "
+               "(raise them in sandloop.toml)")
+        raise typer.Exit(ExitCode.BAD_INPUT)
     try:
-        program = Program(language=lang, source=text,
-                          stdin=stdin.read_bytes() if stdin is not None else None)
+        stdin_data = stdin.read_bytes() if stdin is not None else None
+    except OSError as e:
+        _error(f"--stdin {stdin}: {e.strerror or e}")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+    try:
+        program = Program(language=lang, source=text, stdin=stdin_data)
         limits = Limits(time_s=time_limit, memory_mb=memory_mb)
-    except (ValidationError, OSError) as e:
-        err.print(f"[red]invalid request: {e}[/]")
-        raise typer.Exit(2) from e
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(x) for x in d['loc']) or 'request'}: {d['msg']}"
+                             for d in e.errors()[:3])
+        _error(f"{source}: {problems}")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
 
     async def go() -> ExecResult:
         async with SandboxPool(1, isolation=_isolation(no_isolation)) as pool:
@@ -180,89 +257,52 @@ def exec_(
         print(result.to_json())
     else:
         _print_human(result)
-    raise typer.Exit(0 if result.ok else 1)
+    if result.status is Status.SANDBOX_ERROR:
+        raise typer.Exit(ExitCode.INFRASTRUCTURE)
+    raise typer.Exit(ExitCode.OK if result.ok else ExitCode.FAILURES)
 
 
 @app.command("exec-batch")
 def exec_batch(
-    file: Annotated[Path, typer.Argument(help="JSONL: one request per line ('-' for stdin).")],
-    slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
+    file: Annotated[Path, typer.Argument(help="JSONL: one request per line ('-' for stdin).",
+                                         dir_okay=False)],
+    slots: Slots = None,
     table: Annotated[bool, typer.Option("--table", help="Print a readable table instead of JSONL.")] = False,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="A bad line stops the batch before anything runs (default: it is "
+                         "reported as that line's invalid_request result).")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Take results the store already holds for identical requests (an "
+                         "interrupted batch) instead of running them again.")] = False,
+    db: Db = None,
+    no_db: Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")] = False,
     no_isolation: NoIsolation = False,
 ) -> None:
     """Run many programs in parallel; print one ExecResult JSON per line, in input order.
 
     Each line: {"language", "source", "stdin", "files", "limits": {"time_s", "memory_mb", ...}}.
+    Exit 0: all ran (whatever the programs did); 2: some lines were invalid; 3: sandbox_error.
     """
-    try:
-        lines = sys.stdin.read().splitlines() if str(file) == "-" else file.read_text().splitlines()
-        requests = read_requests(lines)
-    except OSError as e:
-        err.print(f"[red]cannot read {file}: {e.strerror}[/]")
-        raise typer.Exit(2) from e
-    except BatchRequestError as e:
-        err.print(f"[red]{e}[/]")
-        raise typer.Exit(2) from e
-    results = aio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table))
-    if table:
-        _print_table(requests, results)
-    raise typer.Exit(0 if all(r.status is not Status.SANDBOX_ERROR for r in results) else 1)
+    from sandloop.cli.batch import exec_batch_command
 
-
-async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: str,
-                     *, print_jsonl: bool) -> list[ExecResult]:
-    """Run through the engine; print results in input order as soon as each prefix is done."""
-    results: list[ExecResult | None] = [None] * len(requests)
-    printed = 0
-    async with Engine(slots=slots, isolation=isolation) as engine:
-        async for i, r in engine.stream(((q.program, q.limits) for q in requests),
-                                        client="exec-batch"):
-            results[i] = r
-            while printed < len(results) and (ready := results[printed]) is not None:
-                if print_jsonl:
-                    sys.stdout.write(ready.to_json() + "\n")
-                    sys.stdout.flush()
-                printed += 1
-    return [r for r in results if r is not None]
-
-
-def _summary_line(r: ExecResult) -> str:
-    for text in (r.stdout, r.stderr, r.compile.stderr if r.compile else "", r.error or ""):
-        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-        if lines:
-            return (lines[0] if text is r.stdout else lines[-1])[:70]
-    return ""
-
-
-def _print_table(requests: list[ExecRequest], results: list[ExecResult]) -> None:
-    out = Console(width=None if sys.stdout.isatty() else 160)
-    t = Table(title=f"sandloop exec-batch: {len(results)} programs")
-    for col in ("#", "name", "language", "status", "exit", "wall s", "cpu s", "peak MiB", "output"):
-        t.add_column(col, no_wrap=col != "name", overflow="ellipsis")
-    colours = {Status.OK: "green", Status.SANDBOX_ERROR: "magenta"}
-    for i, (req, r) in enumerate(zip(requests, results, strict=True), 1):
-        ended = f"sig {r.signal}" if r.signal is not None else (
-            "" if r.exit_code is None else str(r.exit_code))
-        t.add_row(str(i), req.name or "", req.program.language,
-                  f"[{colours.get(r.status, 'red')}]{r.status.value}[/]", ended,
-                  f"{r.wall_time_s:.3f}", f"{r.cpu_time_s:.3f}", f"{r.peak_memory_mb:.1f}",
-                  _summary_line(r))
-    out.print(t)
+    raise typer.Exit(exec_batch_command(
+        file, slots=slots, table=table, strict=strict, isolation=_isolation(no_isolation),
+        db=db, no_db=no_db, resume=resume, settings=_settings()))
 
 
 @app.command()
 def score(
     tasks: Annotated[str, typer.Option("--tasks", help="Built-in set (humaneval) or a JSONL task file.")],
-    completions: Annotated[Path, typer.Option("--completions", help="JSONL: {task_id, completion[, completion_id]}.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Write one result line per completion.")] = None,
+    completions: Annotated[Path, typer.Option("--completions", dir_okay=False, help="JSONL: {task_id, completion[, completion_id]}.")],
+    out: Out = None,
     format: Annotated[str | None, typer.Option("--format", help="native|humaneval|mbpp|codecontests|apps|taco|stdio (default: detect).")] = None,
-    db: Annotated[Path | None, typer.Option("--db", help="Result store; default $SANDLOOP_DB or ~/.cache/sandloop/results.db.")] = None,
+    db: Db = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")] = False,
-    k: Annotated[list[int] | None, typer.Option("--k", help="pass@k to report (repeatable).")] = None,
+    k: Annotated[list[int] | None, typer.Option("--k", min=1, help="pass@k to report (repeatable; every task needs >= k completions).")] = None,
     reward: Annotated[str, typer.Option("--reward", help="binary|fraction|weighted")] = "binary",
     reward_on: Annotated[str, typer.Option("--reward-on", help="hidden|public|all")] = "hidden",
-    time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply every per-test time limit.")] = 1.0,
-    slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", callback=positive, max=1000, help="Multiply every per-test time limit (> 0).")] = 1.0,
+    slots: Slots = None,
     no_isolation: NoIsolation = False,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
     preload: Preload = None,
@@ -271,13 +311,19 @@ def score(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Training run in the rollout log (default: default).")] = None,
     rollout_log: Annotated[Path | None, typer.Option("--rollout-log", help="Append the scored rollouts to this SQLite rollout log; default $SANDLOOP_ROLLOUT_LOG.")] = None,
 ) -> None:
-    """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
+    """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable).
+
+    Exit 0: scored (whatever the rewards); 2: bad input; 3: some rewards are null (the
+    infrastructure failed for them).
+    """
     from sandloop.cli.score import score_command
 
-    raise typer.Exit(score_command(tasks, completions, out, format, db, no_db, tuple(k or (1, 10, 100)),
-                                   reward, reward_on, time_scale, slots, no_isolation, as_json,
-                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ()),
-                                   step=step, group=group, run_id=run_id, rollout_log=rollout_log))
+    settings = _settings()
+    raise typer.Exit(score_command(tasks, completions, out, format, db, no_db,
+                                   tuple(k) if k else None, reward, reward_on, time_scale,
+                                   slots or settings.slots, no_isolation, as_json,
+                                   preload_extra=tuple(preload or ()), step=step, group=group,
+                                   run_id=run_id, rollout_log=rollout_log, settings=settings))
 
 
 @app.command()
@@ -286,30 +332,36 @@ def demo() -> None:
     from sandloop.cli.score import demo_completions_path, score_command
 
     raise typer.Exit(score_command("humaneval", demo_completions_path(), no_db=True,
-                                   progress=sys.stderr.isatty(), by_kind=True))
+                                   by_kind=True, settings=_settings()))
+
+
+def _log_level(value: str) -> str:
+    if value not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter(f"{value!r}: use debug, info, warning or error")
+    return value
 
 
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Listen address (non-loopback needs --api-keys-file).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8080,
     api_keys_file: Annotated[Path | None, typer.Option("--api-keys-file", help="Hashed API keys (see `sandloop add-key`).")] = None,
-    slots: Annotated[int | None, typer.Option(help="Sandbox slots; default: 2 x cores.")] = None,
+    slots: Annotated[int | None, typer.Option(min=1, max=4096, help="Sandbox slots; default: 2 x cores.")] = None,
     no_isolation: NoIsolation = False,
     journal: Annotated[Path | None, typer.Option(help="Durable jobs, resumed after a crash.")] = None,
     db: Annotated[Path | None, typer.Option(help="Score results store.")] = None,
     task_set: Annotated[list[str] | None, typer.Option("--task-set", help="Task sets to serve (repeatable).")] = None,
-    max_body_mb: Annotated[int, typer.Option(help="Largest request body.")] = 16,
-    log_level: Annotated[str, typer.Option(help="debug|info|warning|error")] = "info",
+    max_body_mb: Annotated[int, typer.Option(min=1, max=4096, help="Largest request body, MiB.")] = 16,
+    log_level: Annotated[str, typer.Option(callback=_log_level, help="debug|info|warning|error")] = "info",
     preload: Preload = None,
     usage_db: Annotated[Path | None, typer.Option(
         "--usage-db", help="Where quota use per key is kept across restarts; default: next to "
                            "the keys file (KEYS.usage.sqlite).")] = None,
-    max_sessions: Annotated[int, typer.Option(help="Open sessions, all keys together.")] = 1024,
+    max_sessions: Annotated[int, typer.Option(min=1, help="Open sessions, all keys together.")] = 1024,
     max_sessions_per_key: Annotated[int, typer.Option(
-        help="Open sessions per API key (a key's own max_sessions overrides).")] = 16,
+        min=1, help="Open sessions per API key (a key's own max_sessions overrides).")] = 16,
     session_memory_mb: Annotated[int | None, typer.Option(
-        help="Memory all sessions' files may hold (each: workdir_mb capped at memory_mb); "
+        min=1, help="Memory all sessions' files may hold (each: workdir_mb capped at memory_mb); "
              "default: half the host's memory.")] = None,
     public_docs: Annotated[bool, typer.Option(
         "--public-docs", help="Serve /openapi.json, /docs, /redoc without a key when keys are "
@@ -334,31 +386,42 @@ def serve(
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
                       public_metrics=public_metrics, rollout_log=rollout_log)
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        _error(str(e))
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
 
 
 @app.command("add-key")
 def add_key(
     keys_file: Annotated[Path, typer.Option("--keys-file", help="The keys file (created 0600 if missing).")],
     key_id: Annotated[str, typer.Option("--id", help="A name for the key (its client id).")],
-    rate: Annotated[float | None, typer.Option(help="Runs per second (token bucket).")] = None,
-    burst: Annotated[float | None, typer.Option(help="Bucket size.")] = None,
-    max_runs: Annotated[int | None, typer.Option(help="Quota: total runs.")] = None,
-    max_concurrent: Annotated[int | None, typer.Option(help="Runs in flight at once.")] = None,
+    rate: Annotated[float | None, typer.Option(callback=positive, help="Runs per second (token bucket).")] = None,
+    burst: Annotated[float | None, typer.Option(callback=positive, help="Bucket size.")] = None,
+    max_runs: Annotated[int | None, typer.Option(min=1, help="Quota: total runs.")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="Runs in flight at once.")] = None,
     max_sessions: Annotated[int | None, typer.Option(
-        help="Sessions open at once (default: the server's --max-sessions-per-key).")] = None,
+        min=1, help="Sessions open at once (default: the server's --max-sessions-per-key).")] = None,
 ) -> None:
     """Create an API key for `sandloop serve`; prints the token once (only its hash is stored)."""
-    from sandloop.server.auth import KeysFileError
+    from sandloop.server.auth import KeysFileError, KeyStore
     from sandloop.server.auth import add_key as create
 
+    if keys_file.exists():
+        # An existing file must be a valid keys file before a key is added to it (else the
+        # adding itself fails half-way on, say, a JSON array).
+        try:
+            KeyStore.load(keys_file)
+        except (KeysFileError, ValueError, OSError) as e:
+            _error(str(e))
+            raise typer.Exit(ExitCode.BAD_INPUT) from None
+        except RecursionError:
+            _error(f"{keys_file}: not a keys file (JSON nested too deeply)")
+            raise typer.Exit(ExitCode.BAD_INPUT) from None
     try:
         print(create(keys_file, key_id, rate=rate, burst=burst, max_runs=max_runs,
                      max_concurrent=max_concurrent, max_sessions=max_sessions))
     except (ValueError, KeysFileError, OSError) as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
+        _error(str(e))
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
 
 
 app.add_typer(tasks_app, name="tasks")
@@ -366,7 +429,8 @@ app.add_typer(env_app, name="env")
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    """The ``sandloop`` script and ``python -m sandloop``: exit codes 0-3, never a traceback."""
+    sys.exit(run_guarded(app))
 
 
 if __name__ == "__main__":  # pragma: no cover

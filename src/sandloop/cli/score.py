@@ -6,15 +6,17 @@ import json
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.exits import ExitCode, one_line
+from sandloop.cli.output import Progress, info
 from sandloop.engine import Engine
 from sandloop.errors import MonitorError
 from sandloop.monitor.capture import rollouts_of
@@ -28,6 +30,8 @@ from sandloop.reward.scoring import (
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
 from sandloop.sandbox.slot import preload_with
+from sandloop.settings import Settings, load_settings
+from sandloop.settings import default_db_path as project_db_path
 from sandloop.store import ResultStore, StoreError
 from sandloop.tasks import Task, TaskFormatError, load_tasks
 
@@ -36,13 +40,13 @@ __all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "scor
 DEMO_COMPLETIONS = "humaneval_demo.jsonl"
 
 
+DEFAULT_K = (1, 10, 100)
+
+
 def default_db_path() -> Path:
-    """``$SANDLOOP_DB``, else ``~/.cache/sandloop/results.db``."""
-    env = os.environ.get("SANDLOOP_DB")
-    if env:
-        return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "sandloop" / "results.db"
+    """``$SANDLOOP_DB``, the config file's ``db``, else one store per project in the cache
+    (:func:`sandloop.settings.default_db_path`)."""
+    return project_db_path()
 
 
 def demo_completions_path() -> Path:
@@ -50,10 +54,19 @@ def demo_completions_path() -> Path:
     return Path(str(resources.files("sandloop.data").joinpath(DEMO_COMPLETIONS)))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_jsonl_atomic(path: Path, results: Sequence[CompletionResult]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file 0600; an output file gets the mode any new file would
+        # (0666 less the umask), like a shell redirection.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             for r in results:
                 fh.write(r.model_dump_json() + "\n")
@@ -77,6 +90,27 @@ def _print_summary(console: Console, s: ScoreSummary, elapsed: float, cached: in
     console.print(table)
 
 
+def _fail(message: str) -> int:
+    import sys
+
+    sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
+    return ExitCode.BAD_INPUT
+
+
+def _check_k(k: Sequence[int] | None, items: Sequence[object]) -> tuple[int, ...] | str:
+    """The ks to report, or why an explicit ``--k`` cannot be: pass@k needs at least k
+    completions of every task. Defaults above that are dropped silently."""
+    per_task = Counter(getattr(c, "task_id", "") for c in items)
+    fewest, task = min((n, t) for t, n in per_task.items()) if per_task else (0, "")
+    if k is None:
+        return tuple(x for x in DEFAULT_K if x <= max(fewest, 1))
+    too_big = sorted(x for x in set(k) if x > fewest)
+    if too_big:
+        return (f"--k {too_big[0]}: pass@{too_big[0]} needs at least {too_big[0]} completions "
+                f"of every task; {task} has {fewest}")
+    return tuple(sorted(set(k)))
+
+
 def score_command(
     tasks: str,
     completions: Path,
@@ -84,14 +118,14 @@ def score_command(
     format: str | None = None,
     db: Path | None = None,
     no_db: bool = False,
-    k: Sequence[int] = (1, 10, 100),
+    k: Sequence[int] | None = None,
     reward_mode: str = "binary",
     reward_on: str = "hidden",
     time_scale: float = 1.0,
     slots: int | None = None,
     no_isolation: bool = False,
     as_json: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
     by_kind: bool = False,
     priority: str = "train",
     preload_extra: Sequence[str] = (),
@@ -99,6 +133,7 @@ def score_command(
     group: str | None = None,
     run_id: str | None = None,
     rollout_log: Path | None = None,
+    settings: Settings | None = None,
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -106,38 +141,42 @@ def score_command(
     to that SQLite rollout log as rollouts of training step ``step`` (a line's own ``step``
     wins), group ``group`` (a line's own ``group`` wins; default: the task id), run ``run_id``.
 
-    0: scored (even if rewards are low); 1: some rewards are null (infrastructure failures);
-    2: bad input (task set, completions file, options) or the store cannot be opened.
+    0: scored (even if rewards are low); 2: bad input (task set, completions file, options, an
+    output path that cannot be written) or the store cannot be opened; 3: some rewards are null
+    (infrastructure failures). Everything is checked before the first run.
+    ``progress``: None shows it unless ``--quiet`` (a bar on a terminal, else periodic lines).
     """
-    console, err = Console(), Console(stderr=True)
+    console = Console()
+    settings = settings or load_settings()
     started = time.perf_counter()
     try:
         reward = RewardConfig.model_validate({"mode": reward_mode, "on": reward_on})
     except ValueError as e:
-        err.print(f"[red]error:[/] invalid reward options: {e}", soft_wrap=True)
-        return 2
+        return _fail(f"--reward/--reward-on: {e}")
     try:
         task_list = load_tasks(tasks, format)
         by_id = {t.id: t for t in task_list}
         items = read_completions(completions, by_id)
     except (TaskFormatError, CompletionFileError) as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        return 2
+        return _fail(str(e))
+    if not items:
+        return _fail(f"{completions}: no completions in it")
+    ks = _check_k(k, items)
+    if isinstance(ks, str):
+        return _fail(ks)
     if rollout_log is None and os.environ.get("SANDLOOP_ROLLOUT_LOG"):
         rollout_log = Path(os.environ["SANDLOOP_ROLLOUT_LOG"])
     problem = _rollout_options_problem(items, step, rollout_log)
     if problem:
-        err.print(f"[red]error:[/] {problem}", soft_wrap=True)
-        return 2
+        return _fail(problem)
     store = None
     if not no_db:
-        path = db or default_db_path()
+        path = db or project_db_path(settings)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             store = ResultStore(path)
         except (StoreError, OSError) as e:
-            err.print(f"[red]error:[/] {e}", soft_wrap=True)
-            return 2
+            return _fail(f"result store {path}: {e}")
     cached = 0
 
     async def run() -> list[CompletionResult]:
@@ -149,37 +188,43 @@ def score_command(
                           ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
                                 time_scale=time_scale)
-            with Progress(
-                TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=err, disable=not progress, transient=True,
-            ) as bar:
-                job = bar.add_task("scoring", total=len(items))
+            with Progress("scoring", len(items), interval_s=settings.progress_interval_s,
+                          enabled=progress) as bar:
 
                 def done(_res: CompletionResult, from_store: bool) -> None:
                     nonlocal cached
                     cached += from_store
-                    bar.advance(job)
+                    bar.advance()
 
                 return await score_all(by_id, items, verifier, store=store,
                                        concurrency=4 * engine.backend.slots, on_result=done)
 
     try:
         results = aio.run(run())
+    except KeyboardInterrupt:
+        info("scoring: interrupted"
+             + (f"; finished results are kept in {store.path}: rerun the same command to "
+                "score only the rest" if store is not None else ""))
+        return 130
     finally:
         if store is not None:
             store.close()
     if out is not None:
-        _write_jsonl_atomic(out, results)
+        try:
+            _write_jsonl_atomic(out, results)
+        except OSError as e:  # checked before scoring; the disk may still fill up
+            _fail(f"--out {out}: {e.strerror or e}"
+                  + ("; the results are in the store: rerun to write them without rescoring"
+                     if store is not None else ""))
+            return ExitCode.INFRASTRUCTURE
     if rollout_log is not None:
         try:
             n = _append_rollouts(rollout_log, items, results, step, group, run_id, by_id)
         except (MonitorError, OSError) as e:
-            err.print(f"[red]error:[/] {e}", soft_wrap=True)
-            return 2
-        err.print(f"{n} rollouts -> {rollout_log} (run {run_id or 'default'})",
-                  soft_wrap=True, markup=False, highlight=False)
+            return _fail(str(e))
+        info(f"{n} rollouts -> {rollout_log} (run {run_id or 'default'})")
     summary = summarize(
-        ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=tuple(k)
+        ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=ks
     )
     elapsed = time.perf_counter() - started
     if as_json:
@@ -189,7 +234,7 @@ def score_command(
         _print_summary(console, summary, elapsed, cached)
         if by_kind:
             _print_by_kind(console, results)
-    return 1 if summary.null_rewards else 0
+    return ExitCode.INFRASTRUCTURE if summary.null_rewards else ExitCode.OK
 
 
 def _rollout_options_problem(items: Sequence[Completion], step: int | None,

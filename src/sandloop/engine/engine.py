@@ -102,6 +102,16 @@ def _declared_memory_mb(program: Program, limits: Limits) -> int:
 
 
 @dataclass
+class _Declared:
+    """What a job would declare to admission (a Demand), without making the job."""
+
+    priority: int
+    client: str
+    memory_mb: int
+    cpus: float
+
+
+@dataclass
 class ClientPolicy:
     """How one client (a training job, an eval, a user) is treated.
 
@@ -364,6 +374,15 @@ class Engine:
             self._buckets.pop(client, None)
 
     # -- submitting -----------------------------------------------------------------------------
+    def check_admissible(self, program: Program, limits: Limits | None = None) -> None:
+        """Raise ``ResourceTooLarge`` if ``program`` under ``limits`` could never be admitted
+        (it declares more than the engine grants in total). Lets a caller vet a whole batch
+        before anything runs, instead of failing it half-way."""
+        self._check_open()
+        assert self._admission is not None
+        limits = limits or _DEFAULT_LIMITS
+        self._admission.check(_Declared(0, "", _declared_memory_mb(program, limits), limits.cpus))
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosed("the engine is closed; no new jobs are accepted")
@@ -637,7 +656,8 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await feeder
             for job in outstanding.values():
-                job.waiters += 1  # balanced by _release_waiter
+                # The stream's own interest (counted when submitted) goes: a job no one else
+                # waits on is cancelled, and a running one killed, as the docstring says.
                 self._release_waiter(job)
 
     async def run_repeated(self, program: Program, limits: Limits | None = None, *, k: int = 3,

@@ -21,12 +21,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandloop.engine import Engine
+from sandloop.errors import IntegrationError
 from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.tasks import Task, load_tasks, resolve_task
 
-__all__ = ["ScoreItem", "Scorer"]
+
+class RemoteScoringError(IntegrationError, RuntimeError):
+    """A remote sandloop server could not be reached or did not answer with results; the
+    message names the URL and what to check (an infrastructure failure, not a reward)."""
+
+__all__ = ["RemoteScoringError", "ScoreItem", "Scorer"]
 
 T = TypeVar("T")
 
@@ -155,16 +161,29 @@ class Scorer:
             "reward": self.reward.model_dump(mode="json"),
             "priority": self.priority,
         }
-        async with httpx.AsyncClient(timeout=self.request_timeout_s) as client:
-            for attempt in range(5):
-                resp = await client.post(f"{self.url}/v1/score", json=body, headers=headers)
-                if resp.status_code in (429, 503) and attempt < 4:
-                    await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
-                    continue
-                break
+        url = f"{self.url}/v1/score"
+        try:
+            async with httpx.AsyncClient(timeout=self.request_timeout_s) as client:
+                for attempt in range(5):
+                    resp = await client.post(url, json=body, headers=headers)
+                    if resp.status_code in (429, 503) and attempt < 4:
+                        await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+                        continue
+                    break
+        except httpx.HTTPError as e:
+            # A server that is down or unreachable: one line saying so, not httpx's traceback.
+            detail = str(e) or "no answer"
+            raise RemoteScoringError(
+                f"cannot reach the sandloop server at {url}: {type(e).__name__}: {detail}; is "
+                "`sandloop serve` running there (and the URL right)?") from e
         if resp.status_code != 200:
-            raise RuntimeError(f"sandloop server answered {resp.status_code}: {resp.text[:500]}")
-        return [CompletionResult.model_validate(r) for r in resp.json()["results"]]
+            raise RemoteScoringError(
+                f"sandloop server at {url} answered {resp.status_code}: {resp.text[:500]}")
+        try:
+            return [CompletionResult.model_validate(r) for r in resp.json()["results"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise RemoteScoringError(f"sandloop server at {url} answered 200 without valid "
+                                     f"results ({e}); is that URL a sandloop server?") from e
 
     # -- the rollout log ---------------------------------------------------------------------
     def _record(self, items: Sequence[ScoreItem], results: Sequence[CompletionResult],

@@ -151,6 +151,8 @@ def read_log(path: Path | str) -> Iterator[Rollout]:
                 except json.JSONDecodeError as e:
                     raise LogFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
                                          f"{e.colno})") from None
+                except RecursionError:  # [[[[...]]]]: the decoder's limit, not a crash
+                    raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply") from None
                 if not isinstance(rec, dict):
                     raise LogFormatError(f"{path}:{lineno}: expected a JSON object, got "
                                          f"{type(rec).__name__}")

@@ -35,17 +35,42 @@ def _where(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def read_requests(lines: Iterable[str]) -> list[ExecRequest]:
-    """Parse and validate every line first, so a bad line fails the batch before anything runs."""
-    out: list[ExecRequest] = []
-    try:
-        objects = list(json_objects(lines))
-    except JsonLineError as e:
-        raise BatchRequestError(str(e)) from e
-    for n, data in objects:
+def parse_request_lines(lines: Iterable[str | bytes]
+                        ) -> list[tuple[int, ExecRequest | BatchRequestError]]:
+    """Parse and validate every non-blank line on its own: ``(line number, request or the
+    error naming that line and field)``. Bytes lines must be UTF-8 (a line that is not is that
+    line's error, not the file's), so one bad line never hides the good ones."""
+    out: list[tuple[int, ExecRequest | BatchRequestError]] = []
+    for n, raw in enumerate(lines, 1):
+        if isinstance(raw, bytes):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                out.append((n, BatchRequestError(
+                    f"line {n}: not UTF-8 text (byte {e.start}); requests are UTF-8 JSON")))
+                continue
+        else:
+            line = raw
+        if not line.strip():
+            continue
         try:
-            req = ExecRequest.model_validate(data)
+            [(_, data)] = json_objects([line])
+        except JsonLineError as e:
+            out.append((n, BatchRequestError(f"line {n}: {e.reason}")))
+            continue
+        try:
+            out.append((n, ExecRequest.model_validate(data)))
         except ValidationError as e:
-            raise BatchRequestError(f"line {n}: {_where(e)}") from e
+            out.append((n, BatchRequestError(f"line {n}: {_where(e)}")))
+    return out
+
+
+def read_requests(lines: Iterable[str | bytes]) -> list[ExecRequest]:
+    """Parse and validate every line first, so a bad line fails the batch before anything runs
+    (raises the first line's :class:`BatchRequestError`)."""
+    out: list[ExecRequest] = []
+    for _, req in parse_request_lines(lines):
+        if isinstance(req, BatchRequestError):
+            raise req
         out.append(req)
     return out

@@ -1,0 +1,105 @@
+"""Exit codes of every ``sandloop`` command, and how whatever escapes a command becomes one.
+
+A script or CI job running sandloop tells outcomes apart by the exit code alone:
+
+====  =====================================================================================
+0     the work was done (a low reward or a failing program in a batch is a result, not an error)
+1     the work itself found failures (``exec``: the program failed; ``tasks validate``: rejects)
+2     bad input: an option, a file, a record, a config file; nothing or only the good part ran
+3     infrastructure: the sandbox, the store or the host failed (``sandbox_error``, null rewards)
+====  =====================================================================================
+
+Every error is one line on stderr naming the input, the field and the problem; ``--verbose``
+adds the traceback for errors that are sandloop's own fault.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from sandloop.errors import InputError, SandloopError
+
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["ExitCode", "one_line", "run_guarded"]
+
+
+class ExitCode(IntEnum):
+    """The four outcomes a ``sandloop`` command can end with."""
+
+    OK = 0
+    FAILURES = 1
+    BAD_INPUT = 2
+    INFRASTRUCTURE = 3
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: a multi-line message (pydantic's, say) joined with '; '."""
+    parts = [p.strip() for p in str(text).splitlines() if p.strip()]
+    return "; ".join(parts)
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def _click_exceptions() -> Any:
+    """click's exception classes as typer raises them: typer >= 0.20 vendors its own click."""
+    import importlib
+
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:  # an older typer on the real click
+        return importlib.import_module("click.exceptions")
+
+
+def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
+    """Run ``app`` and return its exit code; nothing escapes as a traceback.
+
+    Usage errors (click's) and :class:`~sandloop.errors.InputError` are 2; other sandloop
+    errors and OS errors are 3 (something underneath failed); anything else is a bug in
+    sandloop, reported in one line (with the traceback under ``--verbose``) and exit 3.
+    """
+    import typer
+
+    from sandloop.cli import output
+
+    click = _click_exceptions()
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rv = app(args=args, prog_name="sandloop", standalone_mode=False)
+    except click.NoArgsIsHelpError as e:
+        e.show()
+        return ExitCode.BAD_INPUT
+    except click.ClickException as e:
+        where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else "sandloop"
+        _say(f"{e.format_message()} (see '{where} --help')")
+        return e.exit_code if e.exit_code in (1, 2) else ExitCode.BAD_INPUT
+    except typer.Abort:
+        _say("aborted")
+        return 130
+    except (InputError, UnicodeDecodeError) as e:
+        # Raised by a command that did not catch its own input error: still the caller's input.
+        _say(str(e))
+        if output.state.verbose:
+            traceback.print_exc()
+        return ExitCode.BAD_INPUT
+    except (SandloopError, OSError) as e:
+        _say(f"{type(e).__name__}: {e}")
+        if output.state.verbose:
+            traceback.print_exc()
+        return ExitCode.INFRASTRUCTURE
+    except Exception as e:
+        _say(f"internal error {type(e).__name__}: {e} (a bug in sandloop; --verbose shows "
+             "the traceback to report)")
+        if output.state.verbose:
+            traceback.print_exc()
+        return ExitCode.INFRASTRUCTURE
+    return int(rv) if isinstance(rv, int) else ExitCode.OK

@@ -1,0 +1,162 @@
+"""Fuzz of the command line (issue 20): garbage files and option values for every command; every
+run ends with exit 0, 1, 2 or 3, without a traceback and without an "internal error" (a bug).
+
+In-process through the same entry as the script (``run_guarded``), so that hundreds of cases run
+in seconds; tests/cli/test_cli_edges.py checks the real subprocess on the same kinds of input.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandloop.cli import output
+from sandloop.cli.exits import run_guarded
+from sandloop.cli.main import app
+
+# Each command with its options: "flag" (no value), "int", "float", "path", "text", or a list
+# of plausible words. Paths are drawn from the files the fixture makes (garbage of every kind).
+COMMANDS: dict[tuple[str, ...], dict[str, object]] = {
+    ("exec",): {"@": "path", "--language": ["python", "c", "bash", "cobol"], "--time-limit": "float",
+                "--memory-mb": "int", "--stdin": "path", "--json": "flag"},
+    ("exec-batch",): {"@": "path", "--slots": "int", "--table": "flag", "--strict": "flag",
+                      "--resume": "flag", "--db": "path", "--no-db": "flag"},
+    ("score",): {"--tasks": ["humaneval", "PATH"], "--completions": "path", "--out": "path",
+                 "--format": ["native", "mbpp", "bogus"], "--k": "int", "--time-scale": "float",
+                 "--slots": "int", "--preload": "text", "--reward": ["binary", "x"],
+                 "--reward-on": ["hidden", "x"], "--json": "flag", "--no-db": "flag",
+                 "--db": "path"},
+    ("add-key",): {"--keys-file": "path", "--id": "text", "--rate": "float", "--burst": "float",
+                   "--max-runs": "int", "--max-concurrent": "int", "--max-sessions": "int"},
+    ("tasks", "ls"): {"@": "path"},
+    ("tasks", "show"): {"@": "path"},
+    ("tasks", "stats"): {"@": "path"},
+    ("tasks", "validate"): {"@": "path", "--no-db": "flag"},
+    ("tasks", "diff"): {"@": "path"},
+    ("tasks", "grade"): {"@": "path"},
+    ("tasks", "split"): {"@": "path"},
+    ("monitor", "analyze"): {"@": "path", "--json": "flag"},
+    ("monitor", "report"): {"@": "path"},
+    ("monitor", "export"): {"@": "path"},
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    d = tmp_path_factory.mktemp("fuzz")
+    made = {
+        "binary.bin": bytes(range(256)) * 8,
+        "garbage.py": b"\xff\xfe\x00print(1)\n",
+        "empty.jsonl": b"",
+        "blank.jsonl": b"\n\n  \n",
+        "array.jsonl": b"[1, 2, 3]\n",
+        "nested.jsonl": json.dumps({"a": {"b": [None] * 50}}).encode() + b"\n",
+        "deep.json": b"[" * 5000 + b"]" * 5000 + b"\n",
+        "halfjson.jsonl": b'{"task_id": "HumanEval/0", "completion": \n',
+        "wrongtypes.jsonl": b'{"task_id": 5, "completion": ["x"], "source": 7, "limits": "big"}\n',
+        "gz.jsonl.gz": gzip.compress(bytes(range(256)) * 4),
+        "truncated.jsonl.gz": gzip.compress(b'{"task_id": "x"}\n' * 100)[:30],
+        "ok.py": b"print('ok')\n",
+        "huge_limits.jsonl": json.dumps({"source": "print(1)", "limits": {
+            "memory_mb": 10**9, "time_s": 10**9, "cpus": 10**6}}).encode() + b"\n",
+        "toml.jsonl": b'[tool.sandloop]\nx = 1\n',
+    }
+    for name, data in made.items():
+        (d / name).write_bytes(data)
+    (d / "adir").mkdir()
+    return [str(d / n) for n in made] + [str(d / "adir"), str(d / "missing.jsonl"),
+                                         "/proc/self/status", "/dev/null", "-"]
+
+
+def _value(kind: object, files: list[str]) -> st.SearchStrategy[str]:
+    text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                   max_size=30)
+    if kind == "int":
+        return st.one_of(st.integers(-10**12, 10**12), st.sampled_from([0, -1, 1, 2**63])
+                         ).map(str) | text
+    if kind == "float":
+        return st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str),
+                         st.sampled_from(["0", "-0", "1e309", "nan", "-inf", "0.001"]), text)
+    if kind == "path":
+        return st.sampled_from(files) | text
+    if kind == "text":
+        return st.sampled_from(["unittest", "os.path", "a b", "", "-x"]) | text
+    assert isinstance(kind, list)
+    return st.sampled_from([files[0] if k == "PATH" else k for k in kind]) | text
+
+
+@st.composite
+def invocations(draw: st.DrawFn, files: list[str]) -> list[str]:
+    cmd = draw(st.sampled_from(sorted(COMMANDS)))
+    spec = COMMANDS[cmd]
+    argv = [*draw(st.lists(st.sampled_from(["--quiet", "--verbose", "-q"]), max_size=1)), *cmd]
+    if "@" in spec:
+        argv.append(draw(_value(spec["@"], files)))
+    options = [k for k in spec if k != "@"]
+    names = draw(st.lists(st.sampled_from(options), max_size=4)) if options else []
+    for name in names:
+        argv.append(name)
+        if spec[name] != "flag":
+            argv.append(draw(_value(spec[name], files)))
+    return argv
+
+
+@settings(max_examples=250, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_command_survives_garbage(files: list[str], data: st.DataObject,
+                                        capsys: pytest.CaptureFixture[str],
+                                        tmp_path_factory: pytest.TempPathFactory,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.chdir(cache)
+    argv = data.draw(invocations(files))
+    output.state.quiet = output.state.verbose = False
+    code = run_guarded(app, argv)
+    _out, err = capsys.readouterr()
+    assert code in (0, 1, 2, 3), (argv, code, err)
+    assert "Traceback" not in err, (argv, err)
+    assert "internal error" not in err, (argv, err)
+
+
+def _path_argv(cmd: tuple[str, ...], path: str) -> list[str]:
+    """``cmd`` with ``path`` in every path-taking place (the other required options plausible)."""
+    spec = COMMANDS[cmd]
+    argv = [*cmd]
+    for name, kind in spec.items():
+        if kind == "path":
+            argv += [path] if name == "@" else [name, path]
+    if cmd == ("score",):
+        argv += ["--tasks", "humaneval", "--no-db"]
+    if cmd == ("add-key",):
+        argv += ["--id", "fuzz"]
+    if cmd[0] == "monitor" and cmd[1] != "analyze":
+        argv += ["-o", "out.html"]
+    if cmd == ("tasks", "diff"):
+        argv.append(path)
+    return argv
+
+
+def test_every_command_on_every_garbage_file(files: list[str], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The systematic half: each command with each kind of bad file in each of its file places.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    bad: list[tuple[list[str], int, str]] = []
+    for cmd in sorted(COMMANDS):
+        for path in files:
+            if path.endswith("ok.py") and cmd == ("exec",):
+                continue  # a real program: covered by test_cli.py
+            argv = _path_argv(cmd, path)
+            code = run_guarded(app, argv)
+            err = capsys.readouterr().err
+            if code not in (0, 1, 2, 3) or "Traceback" in err or "internal error" in err:
+                bad.append((argv, code, err[-300:]))
+    assert not bad, "\n".join(f"{' '.join(a)} -> {c}: {e}" for a, c, e in bad)
