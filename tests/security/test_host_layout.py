@@ -99,7 +99,8 @@ def _needles(sandbox: PoolInfo) -> list[str]:
         pool.pool_id,  # names every cgroup of the pool: .../sandloop/<pool_id>-s<i>
         os.path.dirname(slot.cg.procs_files[0]),
         "/sys/fs/cgroup",
-        zygote_module.__file__,  # where sandloop lives on the host
+        zygote_module.PACKAGE_DIR,  # where sandloop lives on the host: the zygote's files
+        os.path.dirname(zygote_module.PACKAGE_DIR),  # and protocol.py's
     ]
     if pool.jail.path:  # the C helper (not with SANDLOOP_JAIL=python)
         found += [pool.jail.path, os.path.dirname(pool.jail.path)]  # ~/.cache/sandloop/...

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.errors import SandboxError
+from sandloop.sandbox import protocol
 from sandloop.sandbox import zygote as zygote_module
 from sandloop.sandbox.cgroups import (
     Cgroup,
@@ -117,7 +118,7 @@ class StepOutcome:
     setup_error: str | None = None
     # The run's files could not be written ("W"): the request's or an earlier program's doing.
     files_error: str | None = None
-    killed_for: str | None = None  # "wall" | "cpu" | "output"
+    killed_for: protocol.KilledFor | None = None
     stats: CgroupStats | None = None
     rusage: dict[str, float] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -267,7 +268,7 @@ class Slot:
         try:
             self.proc = subprocess.Popen(
                 [self.config.python, "-I", "-c", zygote_module.BOOTSTRAP, str(child.fileno()),
-                 zygote_module.__file__],
+                 zygote_module.PACKAGE_DIR],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
@@ -342,7 +343,7 @@ class Slot:
     @property
     def works_root(self) -> str:
         """Where the slot's persistent (session) work dirs are, seen from the host."""
-        return f"/proc/{self.zygote_pid}/root{zygote_module.PRIVATE}/work"
+        return f"/proc/{self.zygote_pid}/root{protocol.PRIVATE}/work"
 
     def new_work_id(self) -> str:
         """A name for a persistent work dir (sessions); it lives until ``remove_work``."""
@@ -539,8 +540,8 @@ class Slot:
             (resource.RLIMIT_CPU, math.ceil(limits.cpu_s) + 1),
             (resource.RLIMIT_STACK, min(limits.memory_bytes, 256 << 20)),
         ))
-        spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
-                "collect_max": collect_max}
+        spec: protocol.RunSpec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
+                                  "collect_max": collect_max}
         out.collect_expected = bool(collect)
         fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
         try:
@@ -578,7 +579,7 @@ class Slot:
                            f" (processes {cg.pids(all_controllers=True)} left)")
 
     def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
-        # Order matters: zygote.serve_one expects
+        # Order matters: the zygote and the child take them in protocol.RunFd order
         # [stdin, files, spec, stdout(w), stderr(w), channel(w), status(w)]; we keep read ends.
         # Everything run-specific travels in memfds that only the child reads, never the zygote.
         fds = [sealed_memfd("stdin", stdin), sealed_memfd("files", files),
@@ -610,7 +611,7 @@ class Slot:
         pidfd: int | None = None
         total_out = 0
 
-        def kill(reason: str) -> None:
+        def kill(reason: protocol.KilledFor) -> None:
             if out.killed_for is None:
                 out.killed_for = reason
             if pidfd is not None:
@@ -631,7 +632,7 @@ class Slot:
         try:
             # The zygote moves the child into the run's group before sending it the request.
             procs = cg.procs_fds()
-            msg = zygote_module.encode_run(work or "", limits.workdir_mb, limits.workdir_inodes,
+            msg = protocol.encode_run(work or "", limits.workdir_mb, limits.workdir_inodes,
                                            len(procs))
             reply = await self._request(
                 msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *procs],
@@ -723,7 +724,7 @@ async def _settled(fut: asyncio.Future[Any], timeout: float) -> bool:
 
 
 async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: Cgroup,
-                     kill: Callable[[str], None]) -> None:
+                     kill: Callable[[protocol.KilledFor], None]) -> None:
     """Wait for the run to end, killing it at the wall deadline or past its CPU budget."""
     while not status.eof.done():
         remaining = deadline - time.monotonic()
@@ -742,38 +743,33 @@ def _cgroup_limits(limits: StepLimits) -> CgroupLimits:
     return CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus, limits.cpu_weight)
 
 
-def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: dict[str, Any]) -> bytes:
-    """The run spec as the child reads it (zygote.read_spec): rlimits in binary, then JSON."""
-    head = zygote_module.SPEC_MAGIC + struct.pack("<I", len(rlimits))
-    return head + b"".join(struct.pack("<iQ", r, v) for r, v in rlimits) + json.dumps(spec).encode()
+def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: protocol.RunSpec) -> bytes:
+    """The run spec as the child reads it (protocol.pack_spec): rlimits in binary, then JSON."""
+    return protocol.pack_spec(rlimits, spec)
 
 
 def _parse_status(buf: bytes, out: StepOutcome) -> None:
-    """Decode the status records (see zygote.py). The trusted pid 1's report of the program
-    (P) takes precedence over the zygote's report of pid 1 itself (X)."""
-    pos = 0
+    """Decode the status records (protocol.Record). The trusted pid 1's report of the program
+    (PROGRAM) takes precedence over the zygote's report of pid 1 itself (EXIT)."""
+    Rec = protocol.Record
     program: dict[str, Any] | None = None
-    while pos + 5 <= len(buf):
-        kind = buf[pos:pos + 1]
-        (n,) = struct.unpack_from("<I", buf, pos + 1)
-        payload = buf[pos + 5:pos + 5 + n]
-        pos += 5 + n
-        if kind == b"S":
+    for kind, payload in protocol.iter_records(buf):
+        if kind == Rec.STARTED:
             out.started = True
-        elif kind == b"E":
+        elif kind == Rec.SETUP_FAILED:
             out.setup_error = payload.decode(errors="replace")
-        elif kind == b"W":
+        elif kind == Rec.FILES_FAILED:
             out.files_error = payload.decode(errors="replace")
-        elif kind == b"X":
+        elif kind == Rec.EXIT:
             rec = json.loads(payload)
             out.wait_status = int(rec["status"])
             out.rusage = {k: float(v) for k, v in rec.items() if k != "status"}
-        elif kind == b"P":
+        elif kind == Rec.PROGRAM:
             program = json.loads(payload)
-        elif kind == b"F" and len(payload) >= 2:
+        elif kind == Rec.FILE and len(payload) >= 2:
             (nl,) = struct.unpack_from("<H", payload)
             out.files[payload[2:2 + nl].decode(errors="replace")] = payload[2 + nl:]
-        elif kind == b"C":
+        elif kind == Rec.COLLECTED:
             out.collect_done = True
             out.missing_files = [str(n) for n in json.loads(payload)]
     if program is not None and out.setup_error is None and out.files_error is None:
