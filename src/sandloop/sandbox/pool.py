@@ -30,6 +30,7 @@ from sandloop.sandbox.models import (
     with_compile_limit_note,
 )
 from sandloop.sandbox.outcome import classify
+from sandloop.sandbox.protocol import Isolation
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
 from sandloop.sandbox.slot import (
@@ -320,7 +321,7 @@ class SandboxPool:
         await self.close()
 
     @property
-    def isolation_level(self) -> str:
+    def isolation_level(self) -> Isolation:
         if self.isolation == "none":
             return "none"
         return "full" if self._unavailable is None else "unavailable"
