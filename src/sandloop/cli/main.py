@@ -18,7 +18,7 @@ from sandloop.cli.monitor import monitor_app
 from sandloop.cli.tasks import app as tasks_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
-from sandloop.sandbox.jailbuild import build_jail
+from sandloop.sandbox.jailbuild import find_jail
 from sandloop.sandbox.languages import LanguageUnavailable, spec_for
 from sandloop.sandbox.models import LANGUAGES, ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import DEFAULT_UID_BASE, SandboxPool
@@ -68,7 +68,7 @@ def doctor(
         except LanguageUnavailable as e:
             langs[lang] = str(e)
     slots = os.cpu_count() or 1
-    jail = build_jail()
+    jail = find_jail()
     # Who --no-isolation runs programs as: never root (see sandbox/unisolated.py).
     none_as = unisolated_identity(default_python(),
                                   DEFAULT_UID_BASE if os.geteuid() == 0 else None)

@@ -56,6 +56,13 @@
 #define FD_SPEC 2
 #define FD_STATUS 6
 
+/* The SHA-256 of this file, given by setup.py when it builds the library at install time:
+ * jailbuild.py refuses a library built from another version of this file. */
+#ifndef SL_SOURCE_SHA256
+#define SL_SOURCE_SHA256 ""
+#endif
+const char *sl_source_sha256(void) { return SL_SOURCE_SHA256; }
+
 /* Everything a child needs, prepared by the zygote before the clone (see zygote.cjail.Jail). */
 struct sl_child {
     int ctl_fd;              /* the child's end of the request socket */

@@ -18,7 +18,7 @@ from types import TracebackType
 from sandloop import _aio as aio
 from sandloop.errors import SandboxError
 from sandloop.sandbox import cgroups, host
-from sandloop.sandbox.jailbuild import JailBuild, build_jail
+from sandloop.sandbox.jailbuild import JailBuild, find_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
 from sandloop.sandbox.models import (
     ExecResult,
@@ -259,7 +259,7 @@ class SandboxPool:
         _sweep_stale_dirs(base)
         self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.max_size)
         binds, symlinks = host.runtime_binds(self.python)
-        self.jail = await asyncio.get_running_loop().run_in_executor(None, build_jail)
+        self.jail = await asyncio.get_running_loop().run_in_executor(None, find_jail)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
@@ -309,7 +309,6 @@ class SandboxPool:
         if self._uid_lock is not None:
             os.close(self._uid_lock)  # releases the flock on the uid range
             self._uid_lock = None
-        self.jail.discard()
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
