@@ -6,6 +6,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import shutil
@@ -44,6 +45,8 @@ from sandloop.sandbox.slot import (
     default_python,
 )
 from sandloop.sandbox.unisolated import UnisolatedIdentity, run_unisolated, unisolated_identity
+
+logger = logging.getLogger(__name__)
 
 ISOLATION_LEVELS = ("full", "none")
 _TOUCH = Step("exec", ("/bin/true",))  # a no-op program: files are written, or collected, around it
@@ -410,7 +413,8 @@ class SandboxPool:
                         self._releaser)
             try:
                 await slot.start()
-            except SlotBroken:
+            except SlotBroken as e:  # runs keep the slots there are
+                logger.debug("pool %s: an extra slot did not start: %s", self.pool_id, e)
                 return
             if not self._started:  # closed meanwhile
                 await slot.close()
@@ -532,8 +536,10 @@ class SandboxPool:
         acquired = await self._acquire(slot)
         try:
             if ws.id in acquired.workspaces and ws.generation == acquired.generation:
-                with contextlib.suppress(SlotBroken):
+                try:
                     await acquired.remove_work(ws.id)
+                except SlotBroken as e:  # the slot restarts, and its work dirs go with it
+                    logger.debug("workspace %s not removed: %s", ws.id, e)
             acquired.workspaces.discard(ws.id)
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
@@ -657,8 +663,10 @@ def _sweep_stale_dirs(base: Path) -> None:
             continue
         pid_txt = name[1:].split("x", 1)[0]
         if pid_txt.isdigit() and not Path(f"/proc/{pid_txt}").exists():
-            with contextlib.suppress(OSError):
+            try:
                 shutil.rmtree(d)
+            except OSError as e:
+                logger.debug("directory %s of a dead pool not swept: %s", d, e)
 
 
 # -- sync convenience ----------------------------------------------------------------------------

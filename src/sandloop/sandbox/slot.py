@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import resource
@@ -41,6 +42,8 @@ from sandloop.sandbox.cgroups import (
 from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
+
+logger = logging.getLogger(__name__)
 
 CHANNEL_MAX_BYTES = 16 << 20
 STATUS_MAX_BYTES = 256 << 20  # status records, including collected files
@@ -309,20 +312,28 @@ class Slot:
             self._stuck.append(self._ready_cg[0])
             self._ready_cg = None
         for cg in self._stuck:
-            with contextlib.suppress(CgroupError):
+            try:
                 cg.remove()
+            except CgroupError as e:
+                logger.debug("slot %s: stuck cgroup %s not removed: %s", self.index, cg.name, e)
         self._stuck = []
         for shared in [*self._retired, self._shared]:
             if shared is not None:
-                with contextlib.suppress(CgroupError):
+                try:
                     shared.close()
+                except CgroupError as e:
+                    logger.debug("slot %s: shared run groups not removed: %s", self.index, e)
         self._shared, self._retired = None, []
         if self.cg is not None:
-            with contextlib.suppress(CgroupError):
+            try:
                 self.cg.remove()
+            except CgroupError as e:
+                logger.debug("slot %s: its cgroup not removed: %s", self.index, e)
             self.cg = None
-        with contextlib.suppress(OSError):
+        try:
             self.base.rmdir()
+        except OSError as e:
+            logger.debug("slot %s: %s not removed: %s", self.index, self.base, e)
 
     @property
     def zygote_pid(self) -> int:
@@ -336,8 +347,8 @@ class Slot:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         return int(line.split()[1]) / 1024
-        except (OSError, AssertionError):
-            pass
+        except (OSError, AssertionError) as e:
+            logger.debug("slot %s: zygote memory unknown: %r", self.index, e)
         return 0.0
 
     @property
@@ -483,8 +494,10 @@ class Slot:
                 if was != want:
                     cg.limit(want, was)
             except (CgroupError, OSError):
-                with contextlib.suppress(CgroupError):  # empty, never used
-                    cg.remove()
+                try:
+                    cg.remove()  # empty, never used
+                except CgroupError as e:
+                    logger.debug("slot %s: unused run group not removed: %s", self.index, e)
                 cg = None
         if cg is None:
             cg = self._new_group(want)
@@ -525,8 +538,10 @@ class Slot:
     def _make_ready_group(self, want: CgroupLimits) -> None:
         if self._ready_cg is None:
             # A failure here shows again, and is reported, when the next run makes its own.
-            with contextlib.suppress(CgroupError, OSError):
+            try:
                 self._ready_cg = (self._new_group(want), want)
+            except (CgroupError, OSError) as e:
+                logger.debug("slot %s: next run's group not made ahead: %s", self.index, e)
 
     async def _execute(self, cg: Cgroup, step: Step, limits: StepLimits, stdin: bytes,
                        files: bytes, env: dict[str, str], work: str | None,
@@ -615,8 +630,13 @@ class Slot:
             if out.killed_for is None:
                 out.killed_for = reason
             if pidfd is not None:
-                with contextlib.suppress(ProcessLookupError, OSError):
+                try:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # already gone
+                except OSError as e:
+                    logger.debug("kill of run pid %s failed (the cgroup sweep follows): %s",
+                                 pid, e)
             # The pid namespace dies with its init; the cgroup sweep is the backstop.
             cg.kill_all(timeout_s=0.0)
 
@@ -648,8 +668,12 @@ class Slot:
             return
         pid = int(reply["pid"])
         held_ns = reply.get("_fds", [])
-        with contextlib.suppress(ProcessLookupError, OSError):
+        try:
             pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass  # it ended already: nothing to kill
+        except OSError as e:
+            logger.debug("no pidfd for run pid %s (kills go through its cgroup): %s", pid, e)
         for cap in captures.values():
             loop.add_reader(cap.fd, cap.on_readable, on_out)
         loop.add_reader(status.fd, status.on_readable, lambda n: None)
@@ -733,10 +757,14 @@ async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: 
             return
         await _settled(status.eof, min(remaining, 0.1))
         if not status.eof.done():
-            with contextlib.suppress(OSError):
-                if cg.cpu_s() > limits.cpu_s:
-                    kill("cpu")
-                    return
+            try:
+                cpu = cg.cpu_s()
+            except OSError as e:  # the RLIMIT_CPU backstop and the wall deadline still hold
+                logger.debug("cannot read the CPU time of %s: %s", cg.name, e)
+                continue
+            if cpu > limits.cpu_s:
+                kill("cpu")
+                return
 
 
 def _cgroup_limits(limits: StepLimits) -> CgroupLimits:
@@ -784,12 +812,7 @@ def _close_fds(fds: list[int]) -> None:
 
 
 def _recv_with_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    fds = array.array("i")
-    data, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(8 * fds.itemsize))
-    for level, typ, cdata in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
-    return data, list(fds)
+    return protocol.recv_raw(sock, 1 << 16)
 
 
 def default_python() -> str:

@@ -4,6 +4,10 @@ supervisor, reaping, and ``main``.
 
 The Python loop serves everything; jail.c's loop (``cjail.Jail``) serves the steady state and
 hands the rest back (see ``Zygote.serve``).
+
+No logging here (its ``contextlib.suppress`` sites stay silent): the zygote's stdout and stderr
+are /dev/null, and ``logging`` imports ``threading``, whose at-fork hook would cost every child
+~0.4 ms. What the supervisor must know travels in replies and status records.
 """
 
 from __future__ import annotations
