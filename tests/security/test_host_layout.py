@@ -85,7 +85,9 @@ for j, o in enumerate(objs):
         d = getattr(o, "__dict__", None)
         if isinstance(d, dict):
             scan(d, f"gc[{type(o).__name__}].__dict__", 2)
-print(json.dumps({"frames": i, "hits": hits[:50], "objects": len(objs)}))
+zygote_modules = [n for n in sys.modules if n.startswith("sandloop_zygote")]
+print(json.dumps({"frames": i, "hits": hits[:50], "objects": len(objs),
+                  "zygote_modules": zygote_modules}))
 """
 
 
@@ -118,6 +120,7 @@ async def test_no_zygote_state_reachable_from_a_python_program(sandbox: PoolInfo
         seen = report(r)
         assert seen["objects"] > 1000, seen  # the scan did run over the interpreter's heap
         assert seen["hits"] == [], json.dumps(seen["hits"], indent=1)
+        assert seen["zygote_modules"] == []  # BOOTSTRAP's modules are gone from sys.modules
         # The program's frame sits on at most the bootstrap's and the few that run it.
         assert seen["frames"] <= 7, seen["frames"]
 

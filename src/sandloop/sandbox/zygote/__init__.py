@@ -82,6 +82,7 @@ BOOTSTRAP = (
     f"    root = {ROOT!r}\n"
     "    sys.modules[root] = ModuleType(root)\n"
     "    sys.modules[root].__package__ = root\n"
+    f"    sys.modules[root].zygote_modules = (root, *(root + '.' + n for n, _ in {MODULES!r}))\n"
     f"    for name, rel in {MODULES!r}:\n"
     "        full = root + '.' + name\n"
     "        module = sys.modules[full] = ModuleType(full)\n"
