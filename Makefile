@@ -81,4 +81,4 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/sandloop/sandbox/_jail*.so
+	rm -rf $(VENV) build src/*.egg-info src/sandloop/sandbox/jail.so.1

@@ -18,13 +18,12 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).parent
-LIBRARY_STEM = "_jail"  # setup.py's extension sandloop.sandbox._jail
+LIBRARY = "jail.so.1"  # what setup.py builds (not a module's name: see there)
 REBUILD = ("reinstall sandloop with a C compiler present to build it "
            "(`pip install -e .` in a checkout, `make deps`)")
 
@@ -53,14 +52,10 @@ def _trusted(path: Path, *, is_dir: bool) -> str | None:
 
 
 def _library(directory: Path) -> Path | None:
-    """The library setup.py built in ``directory`` (this interpreter's suffix first)."""
-    for suffix in EXTENSION_SUFFIXES:
-        candidate = directory / f"{LIBRARY_STEM}{suffix}"
-        if suffix.endswith(".so") and candidate.exists():
-            return candidate
-    # Built by another CPython (the library uses no Python headers: any can load it).
-    found = sorted(directory.glob(f"{LIBRARY_STEM}.*.so"))
-    return found[0] if found else None
+    """The library setup.py built in ``directory``, if there is one (any CPython can load it:
+    it uses no Python headers)."""
+    candidate = directory / LIBRARY
+    return candidate if os.path.lexists(candidate) else None
 
 
 def find_jail(directory: Path = PACKAGE_DIR) -> JailBuild:
