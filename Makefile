@@ -29,7 +29,10 @@ $(UML_STAMP): | $(DEB_STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq user-mode-linux; }
 	@touch $@
 
-$(STAMP): pyproject.toml | $(DEB_STAMP)
+# setup.py builds the C helper (jail.c) into the package at install time: a changed jail.c
+# reinstalls, so that `make test` never runs a helper built from an older source (which
+# jailbuild refuses anyway, falling back to the slower Python steps).
+$(STAMP): pyproject.toml setup.py src/sandloop/sandbox/jail.c | $(DEB_STAMP)
 	@test -x $(VPY) || $$(command -v python3.11 || command -v python3) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
@@ -86,4 +89,4 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info src/sandloop/sandbox/jail.so.1

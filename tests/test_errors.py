@@ -15,9 +15,10 @@ INTERNAL = {
     "sandloop.reward.sandbox_harness.CandidateError",
     "sandloop.reward.sandbox_harness.WorkerLost",
     "sandloop.reward.sandbox_harness.TestTimeout",
-    "sandloop.sandbox.zygote.SetupError",
-    "sandloop.sandbox.zygote.SpareGone",
-    "sandloop.sandbox.zygote.FilesError",
+    "sandloop.sandbox.zygote.syscalls.SetupError",
+    "sandloop.sandbox.zygote.server.SpareGone",
+    "sandloop.sandbox.zygote.child.FilesError",
+    "sandloop.sandbox.zygote.program.RunProgram",
     "sandloop.server.auth.Refused",
     "sandloop.server.errors.ClientGone",
 }

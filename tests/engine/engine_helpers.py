@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-ZYGOTE = b"sandloop/sandbox/zygote.py"
+ZYGOTE = b"sandloop/sandbox/zygote"  # the package dir on its command line (BOOTSTRAP)
 SLOT_UIDS = range(61000, 61000 + 64 * 256)  # every pool's slot uid range (pool.py)
 
 

@@ -1,4 +1,5 @@
-"""Building the C fast path of a child's isolation steps: cache, trust checks, fallback."""
+"""Finding the C fast path of a child's isolation steps, built at install time (setup.py):
+trust checks, the source check, and the fallback to the Python steps."""
 
 from __future__ import annotations
 
@@ -6,60 +7,105 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from sandloop import Limits, Program, SandboxPool, Status
-from sandloop.sandbox.jailbuild import build_jail
+from sandloop.sandbox import jailbuild
+from sandloop.sandbox.jailbuild import find_jail
 
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                              reason="no C compiler on this host")
+INSTALLED = jailbuild._library(jailbuild.PACKAGE_DIR)
+needs_cc = pytest.mark.skipif(INSTALLED is None,
+                              reason="sandloop was installed without a C compiler (no C helper)")
+
+
+def _copy(to: Path) -> Path:
+    """The installed library and its jail.c in a directory of our own (mode 0700)."""
+    assert INSTALLED is not None
+    to.mkdir(mode=0o700, exist_ok=True)
+    shutil.copy(jailbuild.PACKAGE_DIR / "jail.c", to / "jail.c")
+    lib = to / INSTALLED.name
+    shutil.copy(INSTALLED, lib)
+    lib.chmod(0o755)
+    return lib
 
 
 @needs_cc
-def test_builds_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_helper_built_at_install_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = build_jail()
-    assert first.path is not None and first.path.startswith(str(tmp_path / "sandloop"))
-    st = os.stat(first.path)
-    assert st.st_mode & 0o777 == 0o700
-    again = build_jail()
-    assert again.path == first.path and os.stat(again.path).st_mtime_ns == st.st_mtime_ns
-
-
-@needs_cc
-def test_a_cache_others_can_write_is_not_trusted(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # The zygote loads the library as root: one planted in a shared directory would run as root.
-    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    shared = tmp_path / "sandloop"
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o777)
-    planted = build_jail()
-    assert planted.path is not None and not planted.path.startswith(str(shared))
-    shared.chmod(0o700)
-    trusted = build_jail()
-    assert trusted.path is not None and trusted.path.startswith(str(shared))
-    # A library there that others could rewrite is rebuilt, not loaded.
-    os.chmod(trusted.path, 0o666)
-    rebuilt = build_jail()
-    assert rebuilt.path == trusted.path and os.stat(rebuilt.path).st_mode & 0o777 == 0o700
+    b = find_jail()
+    assert b.path == str(INSTALLED) and "built at install" in b.detail
 
 
 def test_python_steps_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDLOOP_JAIL", "python")
-    b = build_jail()
+    b = find_jail()
     assert b.path is None and "SANDLOOP_JAIL" in b.detail
 
 
-def test_no_compiler_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_helper_built_falls_back_to_python(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # What an install without a C compiler leaves: jail.c and no library. Nothing is compiled
+    # at run time; the detail says how to get the helper.
     monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
-    monkeypatch.setenv("PATH", "/nonexistent")
-    b = build_jail()
-    assert b.path is None and "no C compiler" in b.detail
+    shutil.copy(jailbuild.PACKAGE_DIR / "jail.c", tmp_path / "jail.c")
+    b = find_jail(tmp_path)
+    assert b.path is None and "no C helper was built" in b.detail and "reinstall" in b.detail
+    assert os.listdir(tmp_path) == ["jail.c"]
+
+
+@needs_cc
+def test_a_helper_others_can_write_is_not_trusted(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The zygote loads the library as root: one that someone else could plant or rewrite
+    # would run as root.
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    d = tmp_path / "pkg"
+    lib = _copy(d)
+    assert find_jail(d).path == str(lib)
+    lib.chmod(0o777)
+    b = find_jail(d)
+    assert b.path is None and "not trusted" in b.detail and "writable by others" in b.detail
+    lib.chmod(0o755)
+    d.chmod(0o777)
+    b = find_jail(d)
+    assert b.path is None and "not trusted" in b.detail
+    d.chmod(0o700)
+    os.chown(lib, 12345, 12345)
+    b = find_jail(d)
+    assert b.path is None and "belongs to uid 12345" in b.detail
+
+
+@needs_cc
+def test_a_helper_built_from_another_jail_c_is_refused(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # An install that predates the current jail.c (an editable checkout after a pull) would
+    # speak an older protocol: the Python steps run until it is rebuilt.
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    _copy(tmp_path / "pkg")
+    with open(tmp_path / "pkg" / "jail.c", "a") as f:
+        f.write("/* changed */\n")
+    b = find_jail(tmp_path / "pkg")
+    assert b.path is None and "another version of jail.c" in b.detail
+
+
+@needs_cc
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec tmpfs needs root")
+def test_a_library_that_cannot_load_falls_back(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed on a noexec mount: the library cannot be mapped executable. A zygote that tried
+    # to load it would fail the slot; the check says so and uses the Python steps.
+    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,mode=0700", "tmpfs", str(tmp_path)],
+                   check=True)
+    try:
+        _copy(tmp_path / "pkg")
+        b = find_jail(tmp_path / "pkg")
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path)], check=True)
+    assert b.path is None and "does not load" in b.detail
 
 
 @needs_cc
@@ -69,39 +115,6 @@ async def test_pool_uses_the_c_helper_by_default(monkeypatch: pytest.MonkeyPatch
         r = await pool.run(Program(source="print('ok')"), Limits(time_s=5))
         assert pool.jail.path is not None
     assert r.status is Status.OK and r.stdout == "ok\n"
-
-
-@needs_cc
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec tmpfs needs root")
-def test_a_library_that_cannot_load_falls_back(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    # A cache on a noexec mount: the library builds but cannot be mapped executable. A zygote
-    # that tried to load it would fail the slot; the build says so and uses the Python steps.
-    import subprocess
-
-    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,mode=0700", "tmpfs", str(tmp_path)],
-                   check=True)
-    try:
-        b = build_jail()
-    finally:
-        subprocess.run(["umount", "-l", str(tmp_path)], check=True)
-    assert b.path is None and "does not load" in b.detail
-
-
-@needs_cc
-async def test_one_off_build_dir_is_removed_with_the_pool(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SANDLOOP_JAIL", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    (tmp_path / "sandloop").mkdir(mode=0o777)
-    (tmp_path / "sandloop").chmod(0o777)  # not trusted: the pool builds its own copy
-    async with SandboxPool(1) as pool:
-        assert (await pool.run(Program(source="pass"), Limits(time_s=5))).status is Status.OK
-        private = pool.jail.private_dir
-        assert private is not None and os.path.isdir(private)
-    assert not os.path.exists(private)
 
 
 async def _fast_runs(pool: SandboxPool) -> int:

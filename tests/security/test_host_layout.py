@@ -85,7 +85,9 @@ for j, o in enumerate(objs):
         d = getattr(o, "__dict__", None)
         if isinstance(d, dict):
             scan(d, f"gc[{type(o).__name__}].__dict__", 2)
-print(json.dumps({"frames": i, "hits": hits[:50], "objects": len(objs)}))
+zygote_modules = [n for n in sys.modules if n.startswith("sandloop_zygote")]
+print(json.dumps({"frames": i, "hits": hits[:50], "objects": len(objs),
+                  "zygote_modules": zygote_modules}))
 """
 
 
@@ -99,7 +101,8 @@ def _needles(sandbox: PoolInfo) -> list[str]:
         pool.pool_id,  # names every cgroup of the pool: .../sandloop/<pool_id>-s<i>
         os.path.dirname(slot.cg.procs_files[0]),
         "/sys/fs/cgroup",
-        zygote_module.__file__,  # where sandloop lives on the host
+        zygote_module.PACKAGE_DIR,  # where sandloop lives on the host: the zygote's files
+        os.path.dirname(zygote_module.PACKAGE_DIR),  # and protocol.py's
     ]
     if pool.jail.path:  # the C helper (not with SANDLOOP_JAIL=python)
         found += [pool.jail.path, os.path.dirname(pool.jail.path)]  # ~/.cache/sandloop/...
@@ -117,6 +120,7 @@ async def test_no_zygote_state_reachable_from_a_python_program(sandbox: PoolInfo
         seen = report(r)
         assert seen["objects"] > 1000, seen  # the scan did run over the interpreter's heap
         assert seen["hits"] == [], json.dumps(seen["hits"], indent=1)
+        assert seen["zygote_modules"] == []  # BOOTSTRAP's modules are gone from sys.modules
         # The program's frame sits on at most the bootstrap's and the few that run it.
         assert seen["frames"] <= 7, seen["frames"]
 

@@ -103,7 +103,7 @@ def doctor(
     from rich.table import Table
 
     from sandloop.sandbox import host
-    from sandloop.sandbox.jailbuild import build_jail
+    from sandloop.sandbox.jailbuild import find_jail
     from sandloop.sandbox.languages import LanguageUnavailable, spec_for
     from sandloop.sandbox.models import LANGUAGES
     from sandloop.sandbox.pool import DEFAULT_UID_BASE
@@ -119,7 +119,7 @@ def doctor(
         except LanguageUnavailable as e:
             langs[lang] = str(e)
     slots = os.cpu_count() or 1
-    jail = build_jail()
+    jail = find_jail()
     # Who --no-isolation runs programs as: never root (see sandbox/unisolated.py).
     none_as = unisolated_identity(default_python(),
                                   DEFAULT_UID_BASE if os.geteuid() == 0 else None)

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import time
 from collections import deque
@@ -51,6 +52,8 @@ from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
 
 # Named priorities (higher runs first); any int works too.
@@ -79,10 +82,13 @@ def _priority(p: int | str) -> int:
 
 
 def _host_memory_mb() -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) // 1024
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError) as e:
+        logger.debug("cannot read the host's memory size: %s", e)
     return 4096
 
 
@@ -339,8 +345,10 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         for s in list(self._sessions.values()):
-            with contextlib.suppress(Exception):
+            try:
                 await s._shutdown("closed")
+            except Exception as e:
+                logger.debug("session %s did not shut down cleanly: %r", s.id, e)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._writer is not None:
@@ -653,8 +661,12 @@ class Engine:
                     yield i, what.result()
         finally:
             feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await feeder
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:
+                logger.debug("batch feeder failed: %r", e)
             for job in outstanding.values():
                 # The stream's own interest (counted when submitted) goes: a job no one else
                 # waits on is cancelled, and a running one killed, as the docstring says.
@@ -746,8 +758,10 @@ class Engine:
                         priority=_priority(priority), client=client)
         except BaseException:  # e.g. an unknown language: no session, no files left behind
             self._session_mb -= size
-            with contextlib.suppress(Exception):
+            try:
                 await self.backend.close_workspace(ws)
+            except Exception as e:
+                logger.debug("workspace of a session that failed to open not closed: %r", e)
             raise
         self._sessions[s.id] = s  # its storage, reserved above, is released by _session_gone
         self.stats.sessions = len(self._sessions)
@@ -792,8 +806,10 @@ class Engine:
                 reason = s._expiry(now)
                 if reason is not None:
                     self.stats.sessions_reaped += 1
-                    with contextlib.suppress(Exception):
+                    try:
                         await s._shutdown(reason)
+                    except Exception as e:
+                        logger.debug("reaped session %s did not shut down cleanly: %r", s.id, e)
 
     def _reap_interval(self) -> float:
         shortest = min((min(s.idle_timeout_s, s.ttl_s) for s in self._sessions.values()),

@@ -9,9 +9,9 @@ older than ``ttl_s``.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Mapping, Sequence
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sandloop.engine.errors import SessionClosed, SessionExpired, SessionFull, SessionLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, check_relative_path
 from sandloop.sandbox.pool import WorkspaceFull, WorkspaceLost, workspace_mb
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -171,8 +173,10 @@ class Session:
         if self._ended is None:
             self._ended = reason
         self.engine._session_gone(self)
-        with contextlib.suppress(WorkspaceLost):  # already gone with its slot
+        try:
             await self.engine.backend.close_workspace(self.workspace)
+        except WorkspaceLost as e:  # already gone with its slot
+            logger.debug("session %s: workspace already gone: %s", self.id, e)
 
     async def __aenter__(self) -> Session:
         return self

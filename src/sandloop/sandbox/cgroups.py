@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 import time
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandloop.errors import SandboxError
+
+logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_NAME = "sandloop"
@@ -244,8 +247,10 @@ class CgroupBackend:
             for d in dict.fromkeys(dirs.values()):
                 os.mkdir(d)
         except OSError as e:
-            with contextlib.suppress(CgroupError):
+            try:
                 cg.remove()
+            except CgroupError as e2:
+                logger.debug("half-made cgroup %s not removed: %s", name, e2)
             raise CgroupError(f"cannot create cgroup {name}: {e}") from e
         return cg
 
@@ -324,16 +329,20 @@ class CgroupV1(CgroupBackend):
         # group needs no freezer, see the module docstring).
         fz = cg.dirs.get("freezer")
         if fz is not None:
-            with contextlib.suppress(OSError):
+            try:
                 _write(f"{fz}/freezer.state", "FROZEN")
+            except OSError as e:
+                logger.debug("cannot freeze %s before killing it: %s", cg.name, e)
         try:
             for pid in cg.pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         finally:
             if fz is not None:
-                with contextlib.suppress(OSError):
+                try:
                     _write(f"{fz}/freezer.state", "THAWED")
+                except OSError as e:
+                    logger.debug("cannot thaw %s: %s", cg.name, e)
         return super().kill_all(cg, timeout_s)
 
     def leftover_groups(self) -> list[str]:
@@ -505,8 +514,10 @@ def sweep_leftovers(backend: CgroupBackend, alive: set[str]) -> int:
         if not pid_txt.isdigit() or os.path.exists(f"/proc/{pid_txt}") or name in alive:
             continue
         cg = Cgroup(backend, name, {"x": d})
-        with contextlib.suppress(CgroupError, OSError):
+        try:
             backend.kill_all(cg, 1.0)
             os.rmdir(d)
             n += 1
+        except (CgroupError, OSError) as e:
+            logger.debug("cgroup %s of a dead pool not swept: %s", d, e)
     return n

@@ -7,9 +7,9 @@ missing feature and the fix) unless the caller opted out with ``isolation="none"
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
+import logging
 import os
 import resource
 import sys
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandloop.sandbox import cgroups
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,10 +166,12 @@ def run_base_dir() -> Path:
     """Where slots keep their (empty, root-only) mount points on the host."""
     for cand in ("/run/sandloop", "/tmp/sandloop-run"):
         p = Path(cand)
-        with contextlib.suppress(OSError):
+        try:
             p.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(p, 0o700)
             return p
+        except OSError as e:
+            logger.debug("cannot use %s for the slots' directories: %s", p, e)
     raise OSError("cannot create a run directory under /run or /tmp")
 
 

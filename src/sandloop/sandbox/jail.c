@@ -1,15 +1,16 @@
 /*
  * The child's isolation steps and the zygote's steady-state loop in C: the fast path of
- * zygote.py (which holds the same steps and loop in Python, used when no C compiler is
- * available, and the protocol description).
+ * the zygote package (zygote/child.py and zygote/server.py hold the same steps and loop in
+ * Python, used when sandloop was installed without a C compiler); protocol.py describes the
+ * protocol.
  *
  * Why C: a child is a fork of the warm zygote interpreter, and every Python object it touches
  * costs a copy-on-write page fault. Done in Python, these steps touched ~600 pages per run
  * (~2 ms of CPU here); done here they touch a few. The steps, their order and their error
- * reports are those of zygote.prepare_child, zygote.drop_privileges and zygote._write_files.
+ * reports are those of zygote.child.prepare_child, drop_privileges and write_files.
  *
- * Loaded with ctypes by the zygote (never by the supervisor), compiled at pool start by
- * jailbuild.py. No Python headers: any CPython can load it.
+ * Loaded with ctypes by the zygote (never by the supervisor), compiled when sandloop is
+ * installed (setup.py; jailbuild.py finds it). No Python headers: any CPython can load it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,12 +39,31 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* The protocol shared with Python: each value must equal sandbox/protocol.py's of the same name
+ * (tests/sandbox/test_protocol.py parses these lines and compares them). */
 #define SETUP_FAILED_EXIT 125
 #define WORK_DIR "/sandbox"
 #define N_RUN_FDS 7
 #define SPEC_MAGIC "SLS1"
+#define CHILD_RUN "run"     /* zygote -> child: the request, + the session work dir */
+#define CTL_READY 'R'       /* child -> zygote: isolated, waiting */
+#define CTL_FAILED 'E'      /* child -> zygote: setup failed, + why */
+#define REC_STARTED 'S'     /* status records (protocol.Record) */
+#define REC_SETUP_FAILED 'E'
+#define REC_FILES_FAILED 'W'
+#define REC_EXIT 'X'
+#define FD_FILES 1          /* a run's descriptors (protocol.RunFd) */
+#define FD_SPEC 2
+#define FD_STATUS 6
 
-/* Everything a child needs, prepared by the zygote before the clone (see zygote.Zygote). */
+/* The SHA-256 of this file, given by setup.py when it builds the library at install time:
+ * jailbuild.py refuses a library built from another version of this file. */
+#ifndef SL_SOURCE_SHA256
+#define SL_SOURCE_SHA256 ""
+#endif
+const char *sl_source_sha256(void) { return SL_SOURCE_SHA256; }
+
+/* Everything a child needs, prepared by the zygote before the clone (see zygote.cjail.Jail). */
 struct sl_child {
     int ctl_fd;              /* the child's end of the request socket */
     int parent_fd;           /* the zygote's end: closed in the child */
@@ -60,7 +80,8 @@ struct sl_child {
 
 /* Report a setup failure (before any untrusted code runs) and exit: on the control socket
  * before the request (the zygote reads it), on the status pipe after it (the supervisor).
- * kind 'E': the sandbox failed; 'W': the run's files could not be written (see file_errno). */
+ * kind REC_SETUP_FAILED: the sandbox failed; REC_FILES_FAILED: the run's files could not be
+ * written (see file_errno). */
 static void vfail(char kind, int ctl_fd, int status_fd, const char *fmt, va_list ap)
 {
     char buf[5 + 1024];
@@ -79,7 +100,7 @@ static void vfail(char kind, int ctl_fd, int status_fd, const char *fmt, va_list
         ssize_t w = write(status_fd, buf, (size_t)n + 5);
         (void)w;
     } else if (ctl_fd >= 0) {
-        buf[4] = 'E';
+        buf[4] = CTL_FAILED;
         ssize_t w = send(ctl_fd, buf + 4, (size_t)n + 1, 0);
         (void)w;
     }
@@ -90,13 +111,13 @@ static void fail(int ctl_fd, int status_fd, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vfail('E', ctl_fd, status_fd, fmt, ap);
+    vfail(REC_SETUP_FAILED, ctl_fd, status_fd, fmt, ap);
     va_end(ap);
 }
 
 /* Why writing the run's files fails when the request or an earlier program of the session is
  * to blame (too big for the work dir or its memory; a path the program made unusable): a
- * program verdict, never an infrastructure failure. Must match zygote.FILE_ERRNOS. */
+ * program verdict, never an infrastructure failure. Must match protocol.FILE_ERRNO_NAMES. */
 static int file_errno(int e)
 {
     switch (e) {
@@ -113,7 +134,7 @@ static void fail_files(int status_fd, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vfail('W', -1, status_fd, fmt, ap);
+    vfail(REC_FILES_FAILED, -1, status_fd, fmt, ap);
     va_end(ap);
 }
 
@@ -323,7 +344,7 @@ static void loopback_up(int ctl, int st)
     close(s);
 }
 
-/* Steps 2-3 of zygote.py's list: the child isolates itself before it knows what it runs. */
+/* Steps 2-3 of the zygote package's list: the child isolates itself before it knows what it runs. */
 static void prepare(const struct sl_child *c)
 {
     int ctl = c->ctl_fd, st = -1;
@@ -364,16 +385,17 @@ static void prepare(const struct sl_child *c)
 }
 
 /* Wait for the one request: "run" + the session work dir to bind at /sandbox (or nothing),
- * with 7 file descriptors (see zygote.serve_one). The path is copied into work (NUL-ended). */
+ * with N_RUN_FDS file descriptors (see zygote.child.serve_one). The path is copied into work (NUL-ended). */
 static void receive(const struct sl_child *c, int *fds, char *work, size_t work_size)
 {
     char buf[4096];
     int got;
     ssize_t n = recv_fds(c->ctl_fd, buf, sizeof buf, fds, N_RUN_FDS, &got);
-    if (n < 3 || got != N_RUN_FDS || memcmp(buf, "run", 3) != 0 || (size_t)n - 3 >= work_size)
+    const size_t k = sizeof CHILD_RUN - 1;
+    if (n < (ssize_t)k || got != N_RUN_FDS || memcmp(buf, CHILD_RUN, k) != 0 || (size_t)n - k >= work_size)
         _exit(SETUP_FAILED_EXIT);
-    memcpy(work, buf + 3, (size_t)n - 3);
-    work[n - 3] = 0;
+    memcpy(work, buf + k, (size_t)n - k);
+    work[(size_t)n - k] = 0;
     close(c->ctl_fd);
 }
 
@@ -414,8 +436,8 @@ static void enter_work_dir(const struct sl_child *c, const char *work, int st)
 /* Step 4: rlimits, the slot's uid/gid for good, no_new_privs, seccomp, then the files. */
 static void lock_down(const struct sl_child *c, const int *fds)
 {
-    int ctl = -1, st = fds[6];
-    set_rlimits(fds[2], ctl, st);
+    int ctl = -1, st = fds[FD_STATUS];
+    set_rlimits(fds[FD_SPEC], ctl, st);
     CHECK(setgroups(0, NULL), "OSError: setgroups: %s", strerror(errno));
     CHECK(setresgid(c->gid, c->gid, c->gid), "OSError: setresgid: %s", strerror(errno));
     CHECK(setresuid(c->uid, c->uid, c->uid), "OSError: setresuid: %s", strerror(errno));
@@ -426,7 +448,7 @@ static void lock_down(const struct sl_child *c, const int *fds)
     CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "SetupError: prctl(DUMPABLE): %s", strerror(errno));
     /* The slot user owns /sandbox: give it back its rwx if a session's earlier program took
      * them away (chmod 000 .), or this run could not enter it and a program could make every
-     * later run of its session an infrastructure failure (see zygote._own_work_dir). */
+     * later run of its session an infrastructure failure (see zygote.child._own_work_dir). */
     struct stat wd;
     CHECK(stat(WORK_DIR, &wd), "OSError: stat %s: %s", WORK_DIR, strerror(errno));
     if ((wd.st_mode & 0700) != 0700)
@@ -441,8 +463,8 @@ static void lock_down(const struct sl_child *c, const int *fds)
         CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0), "SetupError: seccomp: %s",
               strerror(errno));
     }
-    write_files(fds[1], ctl, st);
-    close(fds[1]);
+    write_files(fds[FD_FILES], ctl, st);
+    close(fds[FD_FILES]);
 }
 
 /*
@@ -459,28 +481,30 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
         return pid < 0 ? -errno : pid;
     char work[4096];
     prepare(c);
-    if (send(c->ctl_fd, "R", 1, 0) != 1)
+    const char ready_byte = CTL_READY;
+    if (send(c->ctl_fd, &ready_byte, 1, 0) != 1)
         _exit(SETUP_FAILED_EXIT);
     receive(c, fds, work, sizeof work);
     /* "S": the request arrived. A child killed while it waited (the OOM killer prefers it)
      * then reads as an infrastructure failure, never as the run's own death by SIGKILL. */
-    if (write(fds[6], "S\0\0\0\0", 5) != 5)
+    const char started[5] = {REC_STARTED, 0, 0, 0, 0};
+    if (write(fds[FD_STATUS], started, 5) != 5)
         _exit(SETUP_FAILED_EXIT);
-    enter_work_dir(c, work, fds[6]);
+    enter_work_dir(c, work, fds[FD_STATUS]);
     lock_down(c, fds);
-    fds[1] = -1;
+    fds[FD_FILES] = -1;
     return 0;
 }
 
 /*
  * The zygote's steady state: wait for requests and children's exits, serve a run with the
- * prepared child, reap, prepare the next child. zygote.Zygote.serve holds the same loop in
+ * prepared child, reap, prepare the next child. zygote.server.Zygote.serve holds the same loop in
  * Python (used without a C compiler) and handles everything this one hands back: other
  * operations, session runs, a run whose prepared child is missing, died or has other tmpfs
  * sizes. Why C: between two clones the Python loop touched ~200 pages that its children
  * shared, one copy-on-write fault each (~1.4 ms of CPU per run with its own interpreting).
  *
- * State moves between the two loops whole (zygote.Zygote._to_c / _from_c): whichever loop
+ * State moves between the two loops whole (zygote.server.Zygote._to_c / _from_c): whichever loop
  * runs owns every descriptor in it.
  */
 #define SL_MAX_RUNNING 16
@@ -570,7 +594,7 @@ static int prespawn(struct sl_zygote *z)
     return 0;
 }
 
-/* Report each exited run on its status pipe ("X" + JSON, as zygote.write_record), then
+/* Report each exited run on its status pipe (REC_EXIT + JSON, as protocol.write_record), then
  * prepare the next child. 1: this is that child. */
 static int reap(struct sl_zygote *z)
 {
@@ -595,7 +619,7 @@ static int reap(struct sl_zygote *z)
                          "{\"status\": %d, \"utime\": %.6f, \"stime\": %.6f, \"maxrss_kb\": %ld}",
                          status, (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
                          (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6, ru.ru_maxrss);
-        rec[0] = 'X';
+        rec[0] = REC_EXIT;
         rec[1] = (char)(n & 0xff);
         rec[2] = (char)((n >> 8) & 0xff);
         rec[3] = rec[4] = 0;
@@ -624,7 +648,7 @@ static int ready(int fd, int timeout_ms)
     return r > 0;
 }
 
-/* A run for the prepared child (zygote.Zygote.handle, op "run", no session work dir).
+/* A run for the prepared child (zygote.server.Zygote.handle, op "run", no session work dir).
  * 0: not one this loop serves (nothing was done: the Python loop handles it). */
 static int serve_run(struct sl_zygote *z)
 {
@@ -647,7 +671,7 @@ static int serve_run(struct sl_zygote *z)
         }
     } else {
         char b[8];
-        if (!ready(z->spare_ctl, 10000) || recv(z->spare_ctl, b, sizeof b, 0) != 1 || b[0] != 'R') {
+        if (!ready(z->spare_ctl, 10000) || recv(z->spare_ctl, b, sizeof b, 0) != 1 || b[0] != CTL_READY) {
             discard_spare(z); /* its setup failed: the Python loop makes another and says why */
             return 0;
         }
@@ -669,13 +693,13 @@ static int serve_run(struct sl_zygote *z)
             return reply(z, text, -1), 1;
         }
     }
-    if (send_fds(z->spare_ctl, "run", 3, z->fds, N_RUN_FDS) < 0) {
+    if (send_fds(z->spare_ctl, CHILD_RUN, sizeof CHILD_RUN - 1, z->fds, N_RUN_FDS) < 0) {
         /* It died between the check and now (killed while idle): the Python loop makes a
          * fresh one. Moving a dead pid into the groups above left nothing behind. */
         discard_spare(z);
         return 0;
     }
-    int status = fcntl(z->fds[6], F_DUPFD_CLOEXEC, 0);
+    int status = fcntl(z->fds[FD_STATUS], F_DUPFD_CLOEXEC, 0);
     if (status < 0) { /* the child has its request: it runs, but nobody could report on it */
         snprintf(text, sizeof text, "{\"ok\": false, \"error\": \"dup: %s\"}", strerror(errno));
         discard_spare(z);
@@ -685,7 +709,7 @@ static int serve_run(struct sl_zygote *z)
     z->run_pid[i] = z->spare_pid;
     z->run_status[i] = status;
     z->run_pidfd[i] = z->spare_pidfd;
-    /* The child's mount namespace goes to the supervisor (see zygote.Zygote.handle). */
+    /* The child's mount namespace goes to the supervisor (see zygote.server.Zygote.handle). */
     snprintf(text, sizeof text, "{\"ok\": true, \"pid\": %d}", z->spare_pid);
     reply(z, text, z->spare_mntns);
     z->spare_pidfd = -1;

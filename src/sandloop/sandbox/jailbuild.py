@@ -1,103 +1,90 @@
-"""Build the C fast path of a child's isolation steps (``jail.c``) once per source version.
+"""Find the C fast path of a child's isolation steps (``jail.c``), built when sandloop was
+installed (``setup.py``: an optional extension, next to ``jail.c``), and decide whether the
+zygote may load it.
 
-The zygote (run as root) loads the library, so it is only ever taken from a directory that
-belongs to the current user and that nobody else can write; otherwise it is built afresh in a
-private temporary directory. Without a C compiler, or with ``SANDLOOP_JAIL=python``, the
-zygote performs the same steps in Python (slower: about 2 ms more CPU per run).
+The zygote (run as root) loads the library, so it is only taken from a directory and a file
+that belong to root or the current user and that nobody else can write, and only if it was
+built from this very ``jail.c`` (it records the source's SHA-256: a library left by an older
+install would speak an older protocol). Otherwise, without a compiler at install time, or with
+``SANDLOOP_JAIL=python``, the zygote performs the same steps in Python (slower: about 2 ms
+more CPU per run). Nothing is compiled at run time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
+import logging
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("jail.c")
+logger = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).parent
+LIBRARY = "jail.so.1"  # what setup.py builds (not a module's name: see there)
+REBUILD = ("reinstall sandloop with a C compiler present to build it "
+           "(`pip install -e .` in a checkout, `make deps`)")
 
 
 @dataclass(frozen=True)
 class JailBuild:
     path: str | None  # the shared library, or None: the Python steps are used
     detail: str  # what was used, or why not
-    private_dir: str | None = None  # a one-off build directory, to remove when the pool closes
-
-    def discard(self) -> None:
-        if self.private_dir is not None:
-            shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "sandloop"
-
-
-def _private(path: Path, *, is_dir: bool) -> bool:
-    """Owned by us and writable by nobody else (a planted library would run as root)."""
+def _trusted(path: Path, *, is_dir: bool) -> str | None:
+    """Why ``path`` may not be loaded as root, or None: it is of the right kind, owned by root
+    or by us, and writable by nobody else (a library someone else could plant or rewrite
+    would run as root in every zygote)."""
     try:
         st = os.lstat(path)
-    except OSError:
-        return False
-    kind = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
-    return kind and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    except OSError as e:
+        return f"cannot stat {path}: {e.strerror}"
+    if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
+        return f"{path} is not a {'directory' if is_dir else 'regular file'}"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path} belongs to uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {st.st_mode & 0o7777:o})"
+    return None
 
 
-def build_jail() -> JailBuild:
-    """Compile (or reuse) the helper library; never raises."""
+def _library(directory: Path) -> Path | None:
+    """The library setup.py built in ``directory``, if there is one (any CPython can load it:
+    it uses no Python headers)."""
+    candidate = directory / LIBRARY
+    return candidate if os.path.lexists(candidate) else None
+
+
+def find_jail(directory: Path = PACKAGE_DIR) -> JailBuild:
+    """The installed helper library if the zygote can use it, else why not; never raises."""
     if os.environ.get("SANDLOOP_JAIL", "").lower() == "python":
         return JailBuild(None, "Python steps (SANDLOOP_JAIL=python)")
+    library = _library(directory)
+    if library is None:
+        return JailBuild(None, "Python steps (no C helper was built when sandloop was installed, "
+                               f"probably for want of a C compiler; {REBUILD}: ~2 ms less CPU "
+                               "per run)")
+    refused = _trusted(directory, is_dir=True) or _trusted(library, is_dir=False)
+    if refused is not None:
+        return JailBuild(None, f"Python steps (the C helper is not trusted: {refused})")
     try:
-        source = SOURCE.read_bytes()
+        source = hashlib.sha256((directory / "jail.c").read_bytes()).hexdigest()
     except OSError as e:
-        return JailBuild(None, f"Python steps (cannot read {SOURCE}: {e})")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return JailBuild(None, "Python steps (no C compiler; install gcc for ~3.5 ms less CPU per run)")
-    name = f"jail-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    cache = _cache_dir()
-    with contextlib.suppress(OSError):
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    private_dir: str | None = None
-    if _private(cache, is_dir=True):
-        target = cache / name
-        if _private(target, is_dir=False):
-            return _loadable(JailBuild(str(target), f"C helper {target}"))
-        where = cache
-    else:
-        where = Path(tempfile.mkdtemp(prefix="sandloop-jail-"))
-        private_dir = str(where)
-        target = where / name
-    fd, tmp = tempfile.mkstemp(dir=where, suffix=".so.tmp")
-    os.close(fd)
+        return JailBuild(None, f"Python steps (cannot read jail.c: {e})")
     try:
-        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            return JailBuild(None, f"Python steps ({cc} failed: {proc.stderr.strip()[-300:]})")
-        os.chmod(tmp, 0o700)
-        os.replace(tmp, target)  # atomic: concurrent pools never load a half-written file
-    except (OSError, subprocess.SubprocessError) as e:
-        return JailBuild(None, f"Python steps (cannot build the C helper: {e})")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return _loadable(JailBuild(str(target), f"C helper {target}", private_dir))
-
-
-def _loadable(build: JailBuild) -> JailBuild:
-    """The build if the library loads here (e.g. not on a noexec mount), else the Python steps:
-    the zygote loads it the same way, and a zygote that cannot would fail the whole slot."""
-    assert build.path is not None
-    try:
-        lib = ctypes.CDLL(build.path)
+        lib = ctypes.CDLL(str(library))
+        lib.sl_source_sha256.restype = ctypes.c_char_p
+        built_from = lib.sl_source_sha256() or b""
         lib.sl_spawn, lib.sl_serve  # noqa: B018 - resolving the symbols is the check
-    except (OSError, AttributeError) as e:
-        build.discard()
+    except (OSError, AttributeError, ValueError) as e:
+        # E.g. on a noexec mount: a zygote that tried to load it would fail the whole slot.
+        logger.debug("the C helper %s does not load: %s", library, e)
         return JailBuild(None, f"Python steps (the C helper does not load: {e})")
-    return build
+    if built_from.decode() != source:
+        return JailBuild(None, f"Python steps (the C helper {library} was built from another "
+                               f"version of jail.c; {REBUILD})")
+    return JailBuild(str(library), f"C helper {library} (built at install)")
+

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from sandloop.errors import SandboxError
 from sandloop.sandbox.models import canonical_language
+from sandloop.sandbox.protocol import TOOLS_DIR as TOOLS_DIR  # re-exported
+from sandloop.sandbox.protocol import WORK_DIR as WORK_DIR  # re-exported
+from sandloop.sandbox.protocol import ExecMode, ExecSpec
 
-WORK_DIR = "/sandbox"  # must match zygote.WORK_DIR
 HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
-TOOLS_DIR = "/.sandloop/bin"  # `python`/`python3` -> the pool's interpreter (zygote._build_root)
 SANDBOX_PATH = f"{TOOLS_DIR}:{HOST_PATH}"
 
 
@@ -22,11 +23,11 @@ class LanguageUnavailable(SandboxError, RuntimeError):
 class Step:
     """One sandboxed process: either exec an argv, or run a Python file in the warm zygote."""
 
-    mode: str  # "exec" | "python"
+    mode: ExecMode
     argv: tuple[str, ...]
     path: str = ""
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> ExecSpec:
         return {"mode": self.mode, "argv": list(self.argv), "path": self.path}
 
 

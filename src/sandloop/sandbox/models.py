@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from sandloop.errors import InputError, SandboxError
+from sandloop.sandbox.protocol import Isolation
 
 
 class ProgramInputError(SandboxError, InputError):
@@ -313,7 +314,7 @@ class ExecResult(BaseModel):
     peak_memory_mb: float = 0.0
     compile: ExecResult | None = None
     error: str | None = Field(None, description="why the infrastructure failed (sandbox_error)")
-    isolation: str | None = Field(None, description="isolation level the run used")
+    isolation: Isolation | None = Field(None, description="isolation level the run used")
     files: dict[str, bytes] = Field(
         default_factory=dict, description="collected work-dir files (base64 in JSON)"
     )
@@ -345,7 +346,7 @@ class ExecResult(BaseModel):
         return self.status is Status.OK
 
     @classmethod
-    def sandbox_error(cls, message: str, *, isolation: str | None = None) -> ExecResult:
+    def sandbox_error(cls, message: str, *, isolation: Isolation | None = None) -> ExecResult:
         return cls(status=Status.SANDBOX_ERROR, error=message, isolation=isolation)
 
     def to_json(self) -> str:

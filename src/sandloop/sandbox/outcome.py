@@ -11,6 +11,7 @@ import os
 import signal as signal_module
 
 from sandloop.sandbox.models import ExecResult, Status
+from sandloop.sandbox.protocol import Isolation
 from sandloop.sandbox.slot import StepOutcome
 
 
@@ -18,7 +19,7 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: str) -> ExecResult:
+def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: Isolation) -> ExecResult:
     exit_code: int | None = None
     sig: int | None = None
     if o.wait_status is not None:

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import shutil
@@ -18,7 +19,7 @@ from types import TracebackType
 from sandloop import _aio as aio
 from sandloop.errors import SandboxError
 from sandloop.sandbox import cgroups, host
-from sandloop.sandbox.jailbuild import JailBuild, build_jail
+from sandloop.sandbox.jailbuild import JailBuild, find_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
 from sandloop.sandbox.models import (
     ExecResult,
@@ -30,6 +31,7 @@ from sandloop.sandbox.models import (
     with_compile_limit_note,
 )
 from sandloop.sandbox.outcome import classify
+from sandloop.sandbox.protocol import Isolation
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
 from sandloop.sandbox.slot import (
@@ -43,6 +45,8 @@ from sandloop.sandbox.slot import (
     default_python,
 )
 from sandloop.sandbox.unisolated import UnisolatedIdentity, run_unisolated, unisolated_identity
+
+logger = logging.getLogger(__name__)
 
 ISOLATION_LEVELS = ("full", "none")
 _TOUCH = Step("exec", ("/bin/true",))  # a no-op program: files are written, or collected, around it
@@ -258,7 +262,7 @@ class SandboxPool:
         _sweep_stale_dirs(base)
         self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.max_size)
         binds, symlinks = host.runtime_binds(self.python)
-        self.jail = await asyncio.get_running_loop().run_in_executor(None, build_jail)
+        self.jail = await asyncio.get_running_loop().run_in_executor(None, find_jail)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
@@ -308,7 +312,6 @@ class SandboxPool:
         if self._uid_lock is not None:
             os.close(self._uid_lock)  # releases the flock on the uid range
             self._uid_lock = None
-        self.jail.discard()
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -320,7 +323,7 @@ class SandboxPool:
         await self.close()
 
     @property
-    def isolation_level(self) -> str:
+    def isolation_level(self) -> Isolation:
         if self.isolation == "none":
             return "none"
         return "full" if self._unavailable is None else "unavailable"
@@ -410,7 +413,8 @@ class SandboxPool:
                         self._releaser)
             try:
                 await slot.start()
-            except SlotBroken:
+            except SlotBroken as e:  # runs keep the slots there are
+                logger.debug("pool %s: an extra slot did not start: %s", self.pool_id, e)
                 return
             if not self._started:  # closed meanwhile
                 await slot.close()
@@ -532,8 +536,10 @@ class SandboxPool:
         acquired = await self._acquire(slot)
         try:
             if ws.id in acquired.workspaces and ws.generation == acquired.generation:
-                with contextlib.suppress(SlotBroken):
+                try:
                     await acquired.remove_work(ws.id)
+                except SlotBroken as e:  # the slot restarts, and its work dirs go with it
+                    logger.debug("workspace %s not removed: %s", ws.id, e)
             acquired.workspaces.discard(ws.id)
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
@@ -657,8 +663,10 @@ def _sweep_stale_dirs(base: Path) -> None:
             continue
         pid_txt = name[1:].split("x", 1)[0]
         if pid_txt.isdigit() and not Path(f"/proc/{pid_txt}").exists():
-            with contextlib.suppress(OSError):
+            try:
                 shutil.rmtree(d)
+            except OSError as e:
+                logger.debug("directory %s of a dead pool not swept: %s", d, e)
 
 
 # -- sync convenience ----------------------------------------------------------------------------

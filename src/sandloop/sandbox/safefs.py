@@ -17,7 +17,7 @@ from sandloop.sandbox.models import check_relative_path
 
 def pack_files(files: dict[str, bytes], executable: frozenset[str] = frozenset(),
                tmp_files: dict[str, bytes] | None = None) -> bytes:
-    """Serialise files for the child to create (see ``zygote._write_files``): ``files`` under
+    """Serialise files for the child to create (see ``zygote.child.write_files``): ``files`` under
     the work dir, ``tmp_files`` under the run's private /tmp (a workspace run's own program)."""
     out = bytearray()
     entries = [(check_relative_path(n), d) for n, d in files.items()]

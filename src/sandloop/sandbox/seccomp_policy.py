@@ -9,11 +9,13 @@ and firejail's default lists (research/isolation.md §6.1 item 5).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
+import logging
 import tempfile
 from collections.abc import Iterable
+
+logger = logging.getLogger(__name__)
 
 # Syscalls that fail with EPERM. A name the kernel/libseccomp does not know is skipped.
 DENY_EPERM: tuple[str, ...] = (
@@ -76,8 +78,11 @@ def compile_filter() -> bytes:
     # A binary tree of syscall numbers instead of a linear chain: the kernel evaluates the
     # filter once per syscall number when it is loaded (its action cache), so this halves the
     # load cost paid by every run (libseccomp >= 2.5; older versions keep the chain).
-    with contextlib.suppress(ValueError, RuntimeError, OSError):
+    try:
         f.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+    except (ValueError, RuntimeError, OSError) as e:
+        logger.debug("libseccomp cannot build a binary tree (%s): a linear filter, dearer to "
+                     "load per run", e)
     _rules(f, DENY_EPERM, sc.ERRNO(errno.EPERM))
     # New user namespaces would give the program a fresh set of capabilities to attack with.
     f.add_rule(sc.ERRNO(errno.EPERM), "clone",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import resource
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.errors import SandboxError
+from sandloop.sandbox import protocol
 from sandloop.sandbox import zygote as zygote_module
 from sandloop.sandbox.cgroups import (
     Cgroup,
@@ -40,6 +42,8 @@ from sandloop.sandbox.cgroups import (
 from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import Step, sandbox_env
 from sandloop.sandbox.safefs import sealed_memfd
+
+logger = logging.getLogger(__name__)
 
 CHANNEL_MAX_BYTES = 16 << 20
 STATUS_MAX_BYTES = 256 << 20  # status records, including collected files
@@ -117,7 +121,7 @@ class StepOutcome:
     setup_error: str | None = None
     # The run's files could not be written ("W"): the request's or an earlier program's doing.
     files_error: str | None = None
-    killed_for: str | None = None  # "wall" | "cpu" | "output"
+    killed_for: protocol.KilledFor | None = None
     stats: CgroupStats | None = None
     rusage: dict[str, float] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -267,7 +271,7 @@ class Slot:
         try:
             self.proc = subprocess.Popen(
                 [self.config.python, "-I", "-c", zygote_module.BOOTSTRAP, str(child.fileno()),
-                 zygote_module.__file__],
+                 zygote_module.PACKAGE_DIR],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
@@ -308,20 +312,28 @@ class Slot:
             self._stuck.append(self._ready_cg[0])
             self._ready_cg = None
         for cg in self._stuck:
-            with contextlib.suppress(CgroupError):
+            try:
                 cg.remove()
+            except CgroupError as e:
+                logger.debug("slot %s: stuck cgroup %s not removed: %s", self.index, cg.name, e)
         self._stuck = []
         for shared in [*self._retired, self._shared]:
             if shared is not None:
-                with contextlib.suppress(CgroupError):
+                try:
                     shared.close()
+                except CgroupError as e:
+                    logger.debug("slot %s: shared run groups not removed: %s", self.index, e)
         self._shared, self._retired = None, []
         if self.cg is not None:
-            with contextlib.suppress(CgroupError):
+            try:
                 self.cg.remove()
+            except CgroupError as e:
+                logger.debug("slot %s: its cgroup not removed: %s", self.index, e)
             self.cg = None
-        with contextlib.suppress(OSError):
+        try:
             self.base.rmdir()
+        except OSError as e:
+            logger.debug("slot %s: %s not removed: %s", self.index, self.base, e)
 
     @property
     def zygote_pid(self) -> int:
@@ -335,14 +347,14 @@ class Slot:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         return int(line.split()[1]) / 1024
-        except (OSError, AssertionError):
-            pass
+        except (OSError, AssertionError) as e:
+            logger.debug("slot %s: zygote memory unknown: %r", self.index, e)
         return 0.0
 
     @property
     def works_root(self) -> str:
         """Where the slot's persistent (session) work dirs are, seen from the host."""
-        return f"/proc/{self.zygote_pid}/root{zygote_module.PRIVATE}/work"
+        return f"/proc/{self.zygote_pid}/root{protocol.PRIVATE}/work"
 
     def new_work_id(self) -> str:
         """A name for a persistent work dir (sessions); it lives until ``remove_work``."""
@@ -482,8 +494,10 @@ class Slot:
                 if was != want:
                     cg.limit(want, was)
             except (CgroupError, OSError):
-                with contextlib.suppress(CgroupError):  # empty, never used
-                    cg.remove()
+                try:
+                    cg.remove()  # empty, never used
+                except CgroupError as e:
+                    logger.debug("slot %s: unused run group not removed: %s", self.index, e)
                 cg = None
         if cg is None:
             cg = self._new_group(want)
@@ -524,8 +538,10 @@ class Slot:
     def _make_ready_group(self, want: CgroupLimits) -> None:
         if self._ready_cg is None:
             # A failure here shows again, and is reported, when the next run makes its own.
-            with contextlib.suppress(CgroupError, OSError):
+            try:
                 self._ready_cg = (self._new_group(want), want)
+            except (CgroupError, OSError) as e:
+                logger.debug("slot %s: next run's group not made ahead: %s", self.index, e)
 
     async def _execute(self, cg: Cgroup, step: Step, limits: StepLimits, stdin: bytes,
                        files: bytes, env: dict[str, str], work: str | None,
@@ -539,8 +555,8 @@ class Slot:
             (resource.RLIMIT_CPU, math.ceil(limits.cpu_s) + 1),
             (resource.RLIMIT_STACK, min(limits.memory_bytes, 256 << 20)),
         ))
-        spec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
-                "collect_max": collect_max}
+        spec: protocol.RunSpec = {"env": env, "exec": step.to_wire(), "collect": list(collect),
+                                  "collect_max": collect_max}
         out.collect_expected = bool(collect)
         fds = self._make_fds(stdin, files, _pack_spec(rlimits, spec))
         try:
@@ -578,7 +594,7 @@ class Slot:
                            f" (processes {cg.pids(all_controllers=True)} left)")
 
     def _make_fds(self, stdin: bytes, files: bytes, spec: bytes) -> list[int]:
-        # Order matters: zygote.serve_one expects
+        # Order matters: the zygote and the child take them in protocol.RunFd order
         # [stdin, files, spec, stdout(w), stderr(w), channel(w), status(w)]; we keep read ends.
         # Everything run-specific travels in memfds that only the child reads, never the zygote.
         fds = [sealed_memfd("stdin", stdin), sealed_memfd("files", files),
@@ -610,12 +626,17 @@ class Slot:
         pidfd: int | None = None
         total_out = 0
 
-        def kill(reason: str) -> None:
+        def kill(reason: protocol.KilledFor) -> None:
             if out.killed_for is None:
                 out.killed_for = reason
             if pidfd is not None:
-                with contextlib.suppress(ProcessLookupError, OSError):
+                try:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # already gone
+                except OSError as e:
+                    logger.debug("kill of run pid %s failed (the cgroup sweep follows): %s",
+                                 pid, e)
             # The pid namespace dies with its init; the cgroup sweep is the backstop.
             cg.kill_all(timeout_s=0.0)
 
@@ -631,7 +652,7 @@ class Slot:
         try:
             # The zygote moves the child into the run's group before sending it the request.
             procs = cg.procs_fds()
-            msg = zygote_module.encode_run(work or "", limits.workdir_mb, limits.workdir_inodes,
+            msg = protocol.encode_run(work or "", limits.workdir_mb, limits.workdir_inodes,
                                            len(procs))
             reply = await self._request(
                 msg, [stdin_fd, files_fd, spec_fd, out_w, err_w, chan_w, st_w, *procs],
@@ -647,8 +668,12 @@ class Slot:
             return
         pid = int(reply["pid"])
         held_ns = reply.get("_fds", [])
-        with contextlib.suppress(ProcessLookupError, OSError):
+        try:
             pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass  # it ended already: nothing to kill
+        except OSError as e:
+            logger.debug("no pidfd for run pid %s (kills go through its cgroup): %s", pid, e)
         for cap in captures.values():
             loop.add_reader(cap.fd, cap.on_readable, on_out)
         loop.add_reader(status.fd, status.on_readable, lambda n: None)
@@ -723,7 +748,7 @@ async def _settled(fut: asyncio.Future[Any], timeout: float) -> bool:
 
 
 async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: Cgroup,
-                     kill: Callable[[str], None]) -> None:
+                     kill: Callable[[protocol.KilledFor], None]) -> None:
     """Wait for the run to end, killing it at the wall deadline or past its CPU budget."""
     while not status.eof.done():
         remaining = deadline - time.monotonic()
@@ -732,48 +757,47 @@ async def _watch_run(status: _Capture, deadline: float, limits: StepLimits, cg: 
             return
         await _settled(status.eof, min(remaining, 0.1))
         if not status.eof.done():
-            with contextlib.suppress(OSError):
-                if cg.cpu_s() > limits.cpu_s:
-                    kill("cpu")
-                    return
+            try:
+                cpu = cg.cpu_s()
+            except OSError as e:  # the RLIMIT_CPU backstop and the wall deadline still hold
+                logger.debug("cannot read the CPU time of %s: %s", cg.name, e)
+                continue
+            if cpu > limits.cpu_s:
+                kill("cpu")
+                return
 
 
 def _cgroup_limits(limits: StepLimits) -> CgroupLimits:
     return CgroupLimits(limits.memory_bytes, limits.max_pids, limits.cpus, limits.cpu_weight)
 
 
-def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: dict[str, Any]) -> bytes:
-    """The run spec as the child reads it (zygote.read_spec): rlimits in binary, then JSON."""
-    head = zygote_module.SPEC_MAGIC + struct.pack("<I", len(rlimits))
-    return head + b"".join(struct.pack("<iQ", r, v) for r, v in rlimits) + json.dumps(spec).encode()
+def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: protocol.RunSpec) -> bytes:
+    """The run spec as the child reads it (protocol.pack_spec): rlimits in binary, then JSON."""
+    return protocol.pack_spec(rlimits, spec)
 
 
 def _parse_status(buf: bytes, out: StepOutcome) -> None:
-    """Decode the status records (see zygote.py). The trusted pid 1's report of the program
-    (P) takes precedence over the zygote's report of pid 1 itself (X)."""
-    pos = 0
+    """Decode the status records (protocol.Record). The trusted pid 1's report of the program
+    (PROGRAM) takes precedence over the zygote's report of pid 1 itself (EXIT)."""
+    Rec = protocol.Record
     program: dict[str, Any] | None = None
-    while pos + 5 <= len(buf):
-        kind = buf[pos:pos + 1]
-        (n,) = struct.unpack_from("<I", buf, pos + 1)
-        payload = buf[pos + 5:pos + 5 + n]
-        pos += 5 + n
-        if kind == b"S":
+    for kind, payload in protocol.iter_records(buf):
+        if kind == Rec.STARTED:
             out.started = True
-        elif kind == b"E":
+        elif kind == Rec.SETUP_FAILED:
             out.setup_error = payload.decode(errors="replace")
-        elif kind == b"W":
+        elif kind == Rec.FILES_FAILED:
             out.files_error = payload.decode(errors="replace")
-        elif kind == b"X":
+        elif kind == Rec.EXIT:
             rec = json.loads(payload)
             out.wait_status = int(rec["status"])
             out.rusage = {k: float(v) for k, v in rec.items() if k != "status"}
-        elif kind == b"P":
+        elif kind == Rec.PROGRAM:
             program = json.loads(payload)
-        elif kind == b"F" and len(payload) >= 2:
+        elif kind == Rec.FILE and len(payload) >= 2:
             (nl,) = struct.unpack_from("<H", payload)
             out.files[payload[2:2 + nl].decode(errors="replace")] = payload[2 + nl:]
-        elif kind == b"C":
+        elif kind == Rec.COLLECTED:
             out.collect_done = True
             out.missing_files = [str(n) for n in json.loads(payload)]
     if program is not None and out.setup_error is None and out.files_error is None:
@@ -788,12 +812,7 @@ def _close_fds(fds: list[int]) -> None:
 
 
 def _recv_with_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    fds = array.array("i")
-    data, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(8 * fds.itemsize))
-    for level, typ, cdata in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
-    return data, list(fds)
+    return protocol.recv_raw(sock, 1 << 16)
 
 
 def default_python() -> str:

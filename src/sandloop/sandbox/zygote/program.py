@@ -1,0 +1,279 @@
+"""The locked-down child's last steps: leave the zygote's frames (``RunProgram``), forget what
+names the host, and become the program (exec, or Python in this warm interpreter), or fork it
+and stay as the trusted pid 1 that collects its files.
+
+No logging: the child has no handlers, and fds 1 and 2 are the program's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import struct
+import sys
+from typing import Any, NoReturn
+
+from ..protocol import SETUP_FAILED_EXIT, Record, RunSpec, write_record
+
+ProgramRun = tuple[int, RunSpec, int, int, int, int]  # run_locked_down's arguments
+
+
+class RunProgram(BaseException):
+    """Raised in a locked-down child to unwind every frame of the zygote before the program
+    starts (``main`` catches it and returns ``run`` to ``BOOTSTRAP``, which calls
+    ``program_entry``). A Python program runs in this process: from its first frame,
+    ``sys._getframe().f_back`` would otherwise walk up into the zygote's frames and reach its
+    state (the slot's host directory, its host cgroup paths, the jail
+    library's path), which is the host layout the mount and cgroup namespaces hide.
+
+    The frames it unwinds must not clean up (no ``finally`` or ``with`` between ``main`` and
+    a ``spawn``): in the child, their descriptors' numbers may be the child's own by now.
+    """
+
+    def __init__(self, run: ProgramRun) -> None:
+        super().__init__()
+        self.run = run
+
+
+
+def program_entry(run: ProgramRun) -> NoReturn:
+    """The child's life after the zygote's frames are gone (BOOTSTRAP calls it): forget what
+    is left of the zygote that names host paths, then become or run the program."""
+    try:
+        # Every module of the zygote: BOOTSTRAP registered them under one root package and
+        # listed them there (not found by a walk of sys.modules: touching every module's name
+        # cost each run tens of copy-on-write faults).
+        root = sys.modules.get((__package__ or "").rpartition(".")[0])
+        for name in getattr(root, "zygote_modules", ()):
+            sys.modules.pop(name, None)
+        # The command line the zygote was started with names this file on the host.
+        sys.argv = [""]
+        if hasattr(sys, "orig_argv"):
+            sys.orig_argv = [sys.executable]
+        # No gc.collect() here (~0.25 ms of copy-on-write faults per run): the cycles the
+        # unwinding leaves (the jail's ctypes handle and types) name nothing of the host (see
+        # Jail and Zygote.setup), and the program's first collection takes them.
+        run_locked_down(*run)
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def run_locked_down(stdin_fd: int, spec: RunSpec, out_fd: int, err_fd: int, chan_fd: int,
+                    status_fd: int) -> None:
+    """The locked-down child (slot uid, seccomp, files written) becomes or runs the program."""
+    collect: list[str] = spec.get("collect") or []
+    if collect:
+        # Stay as a trusted pid 1: fork the program, report its status and collect its files
+        # (inside the jail, as the slot user, so the files cannot point at anything of the host).
+        # The program runs as the same uid and can signal pid 1: every signal stays blocked
+        # across the fork, until pid 1 ignores them all (see _ignore_signals).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
+        pid = os.fork()
+        if pid == 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(status_fd)
+            _become_program(stdin_fd, out_fd, err_fd, chan_fd, spec)
+        _ignore_signals()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for fd in (stdin_fd, out_fd, err_fd, chan_fd):
+            os.close(fd)
+        _supervise_and_collect(pid, status_fd, collect, int(spec.get("collect_max", 1 << 20)))
+    os.close(status_fd)
+    _become_program(stdin_fd, out_fd, err_fd, chan_fd, spec)
+
+
+def _become_program(stdin_fd: int, out_fd: int, err_fd: int, chan_fd: int,
+                    spec: RunSpec) -> None:
+    # Standard streams: stdin is a sealed memfd, out/err and the result channel are pipes.
+    os.dup2(stdin_fd, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.dup2(chan_fd, 3)
+    os.set_inheritable(3, True)
+    os.closerange(4, 1 << 20)  # drops the zygote's sockets, the status pipe and every other fd
+    env = spec["env"]
+    run = spec["exec"]
+    if run["mode"] == "exec":
+        argv = run["argv"]
+        try:
+            os.execve(argv[0], argv, env)
+        except OSError as e:  # e.g. a compiled program that is not executable
+            os.write(2, f"cannot execute {argv[0]}: {e.strerror}\n".encode())
+            os._exit(126)
+    run_python(run["path"], run["argv"], env)
+
+
+_BLOCKABLE = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def _ignore_signals() -> None:
+    """Make the collecting pid 1 deaf to the program, which runs as the same uid in its pid
+    namespace. The kernel already drops a signal sent to a namespace's init from inside unless
+    init handles it, but this process is a fork of the interpreter and handles SIGINT
+    (KeyboardInterrupt): one ``kill(1, SIGINT)`` from the program interrupted the collection, and
+    a file the caller asked for was silently missing. SIGCHLD keeps its default: ignoring it
+    would make the kernel reap the program before pid 1 could read its status."""
+    for sig in _BLOCKABLE - {signal.SIGCHLD}:
+        with contextlib.suppress(OSError, ValueError):  # glibc's reserved real-time signals
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _supervise_and_collect(pid: int, status_fd: int, collect: list[str], cap: int) -> None:
+    """pid 1's loop: wait for the program (reaping orphans), then report status and files,
+    and last a ``C`` record naming the files that were not there: without it the supervisor
+    knows the collection did not finish and says so (a sandbox_error), rather than return a
+    result that silently lacks a file."""
+    while True:
+        try:
+            got, status, ru = os.wait4(-1, 0)
+        except ChildProcessError:
+            os._exit(SETUP_FAILED_EXIT)
+        except InterruptedError:
+            continue
+        if got == pid:
+            break
+    rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
+    write_record(status_fd, Record.PROGRAM, json.dumps(rec).encode())
+    missing = []
+    for name in collect:
+        data = _read_collected(name, cap)
+        if data is None:
+            missing.append(name)
+        else:
+            raw = name.encode()
+            write_record(status_fd, Record.FILE, struct.pack("<H", len(raw)) + raw + data)
+    write_record(status_fd, Record.COLLECTED, json.dumps(missing).encode())
+    os._exit(0)
+
+
+def _read_collected(name: str, cap: int) -> bytes | None:
+    import stat
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], cap
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+
+def run_python(path: str, argv: list[str], env: dict[str, str]) -> None:
+    """Run a Python file as ``python path argv...`` would, in this pre-warmed interpreter."""
+    import atexit
+    import builtins
+    import traceback
+    import types
+
+    # The zygote already runs with the usual sandbox environment: apply only the differences.
+    # (The random module needs no reseeding here: its at-fork hook, run by clone_fork, did it.)
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+    # The zygote started with -I, which ignores the environment: apply what it would have set.
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    sys.argv = [path, *argv]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    if os.getcwd() != sys.path[0]:  # a workspace run: its files are importable too
+        sys.path.insert(1, os.getcwd())
+    assert _STREAMS is not None  # built by main() before the first child
+    sys.stdin, sys.stdout, sys.stderr = _STREAMS
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    code = 0
+    try:
+        # What `python path` does: compile the file and run it as a fresh __main__ module.
+        with open(path, "rb") as f:
+            source = f.read()
+        main = types.ModuleType("__main__")
+        main.__file__ = path
+        main.__builtins__ = builtins  # type: ignore[attr-defined]
+        sys.modules["__main__"] = main
+        exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+    except SystemExit as e:
+        code = _exit_code(e)
+    except BaseException as e:  # mirror the interpreter's top level
+        # Start the traceback at the program's own file, as `python main.py` would print it.
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb or e.__traceback__)
+        code = 1
+    try:
+        # Non-daemon threads hold the exit, as in `python main.py` (only a program that
+        # imported threading can have any).
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            main_thread = threading.main_thread()
+            for t in threading.enumerate():
+                if t is not main_thread and not t.daemon:
+                    t.join()
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = _exit_code(e)
+    except BaseException:
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            code = code or 120
+    os._exit(code)
+
+
+def _std_streams() -> tuple[Any, Any, Any]:
+    """Text streams over fds 0, 1 and 2, as a run's program sees them."""
+    import io
+
+    return (io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                             encoding="utf-8", errors="surrogateescape"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                             encoding="utf-8", errors="backslashreplace"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                             encoding="utf-8", errors="backslashreplace", line_buffering=True))
+
+
+_STREAMS: tuple[Any, Any, Any] | None = None
+
+
+def prepare_std_streams() -> None:
+    """Build the run's std streams once, here, over fds of the kinds a run gets (a memfd for
+    stdin, a pipe for stdout and stderr), so that each child only dup2()s its own fds under
+    them instead of building three stream stacks (~0.3 ms of copy-on-write faults per run).
+    The pipe's read end stays open (and leaks into children until they close all fds) so that
+    a stray write by the zygote never raises EPIPE; it is non-blocking, so it never hangs."""
+    global _STREAMS
+    stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    _keep_read_end, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.dup2(stdin, 0)
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    os.close(stdin)
+    os.close(w)
+    _STREAMS = _std_streams()
+
+
+def _exit_code(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    with contextlib.suppress(BaseException):
+        print(e.code, file=sys.stderr)
+    return 1
+
+

@@ -1,0 +1,605 @@
+"""The zygote's serving loop: its one-time setup (the slot's cgroups, a private mount and
+network namespace, the read-only root it pivots into), prepared children, the requests of the
+supervisor, reaping, and ``main``.
+
+The Python loop serves everything; jail.c's loop (``cjail.Jail``) serves the steady state and
+hands the rest back (see ``Zygote.serve``).
+
+No logging here (its ``contextlib.suppress`` sites stay silent): the zygote's stdout and stderr
+are /dev/null, and ``logging`` imports ``threading``, whose at-fork hook would cost every child
+~0.4 ms. What the supervisor must know travels in replies and status records.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import errno
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from ..protocol import (
+    CHILD_RUN,
+    CTL_FAILED,
+    CTL_READY,
+    N_RUN_FDS,
+    PRIVATE,
+    SETUP_FAILED_EXIT,
+    SL_MAX_RUNNING,
+    TOOLS_DIR,
+    WORK_DIR,
+    Record,
+    RunFd,
+    ZygoteConfig,
+    decode_msg,
+    recv_msg,
+    write_record,
+)
+from .child import child_after_c, prepare_child, serve_one
+from .cjail import Jail, SlChild, SlZygote
+from .program import ProgramRun, RunProgram, prepare_std_streams
+from .syscalls import (
+    CHILD_CLONE_FLAGS,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    PR_CAPBSET_DROP,
+    PR_SET_NAME,
+    PR_SET_PDEATHSIG,
+    RUN_TCP_HASH_BUCKETS,
+    SetupError,
+    check,
+    clone_fork,
+    libc,
+    mount,
+    pivot_root,
+    prctl,
+    umount,
+)
+
+
+class SpareGone(SetupError):
+    """The prepared child died before its request reached it (a fresh one can serve it)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Zygote state: a private mount namespace holding the read-only root and the work dirs.
+
+
+class Zygote:
+    def __init__(self, config: ZygoteConfig) -> None:
+        self.base: str = config["base"]
+        self.uid: int = config["uid"]
+        self.gid: int = config["gid"]
+        self.bpf: bytes = bytes.fromhex(config["bpf"]) if config.get("bpf") else b""
+        self.binds: list[str] = config["binds"]
+        self.symlinks: dict[str, str] = config["symlinks"]
+        self.cgroups: list[str] = config["cgroups"]
+        self.python: str = config["python"]
+        self.preload: list[str] = config.get("preload", [])
+        # Loaded before setup() pivots away from the host's file system.
+        jail = config.get("jail")
+        self.jail: Jail | None = Jail(jail) if jail else None
+        self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
+        self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
+        # Running children: pid -> (status pipe, pidfd). A pidfd turns readable when its
+        # process exits, so the loop needs no SIGCHLD handler (children inherit none to undo).
+        self.running: dict[int, tuple[int, int]] = {}
+        self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
+        self.spare: Spare | None = None
+        self.last_key: SpareKey | None = None
+        self.tmp_binds: list[tuple[str, str]] = []  # (kept copy, path under /tmp)
+
+    # -- one-time setup -------------------------------------------------------------------------
+    def setup(self) -> None:
+        # "sl-zygote" in ps/top (children inherit it until they exec).
+        name = ctypes.create_string_buffer(b"sl-zygote")
+        libc.prctl(PR_SET_NAME, ctypes.addressof(name), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the supervisor is already gone
+            os._exit(0)
+        # Join the slot's cgroups (children are born inside them, then moved to their run's).
+        for procs in self.cgroups:
+            with open(procs, "w") as f:
+                f.write("0")
+        # Shield the zygote from the OOM killer where the host lets us (CAP_SYS_RESOURCE);
+        # each child also volunteers itself (+1000), which needs no privilege.
+        with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
+        check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        # A network namespace of the zygote's own (it needs none), so that the runs' ones,
+        # created from it, get a small TCP hash each (tcp_child_ehash_entries, Linux 6.1+)
+        # rather than sharing the host's: freeing a run's namespace then no longer walks the
+        # host's whole hash (262,144 buckets here) for its TIME_WAIT sockets, ~0.1 ms per run.
+        check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        with contextlib.suppress(FileNotFoundError), \
+                open("/proc/sys/net/ipv4/tcp_child_ehash_entries", "w") as f:
+            f.write(str(RUN_TCP_HASH_BUCKETS))
+        # Nothing we mount may propagate back to the host.
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("tmpfs", self.base, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0700")
+        os.mkdir(self.root, 0o755)
+        mount("tmpfs", self.root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        self._build_root()
+        # The zygote's private area inside the new root: session work dirs and a host-pid /proc
+        # (to hand children's namespaces to the supervisor). Children detach it at once.
+        private = self.root + PRIVATE
+        os.mkdir(private, 0o700)
+        mount("tmpfs", private, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
+        os.mkdir(private + "/work", 0o700)
+        os.mkdir(private + "/proc", 0o555)
+        mount("proc", private + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        # A runtime under /tmp (a venv in a checkout there) would vanish under each run's fresh
+        # /tmp: keep a second binding here, which children re-attach over their /tmp.
+        for i, src in enumerate(b for b in self.binds if b.startswith("/tmp/")):
+            keep = f"{private}/rt{i}"
+            os.mkdir(keep, 0o755)
+            mount(src, keep, None, MS_BIND | MS_REC)
+            mount(None, keep, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            self.tmp_binds.append((f"{PRIVATE}/rt{i}", src))
+        # Empty the capability bounding set: no descendant can ever gain a capability by exec
+        # (the zygote keeps its effective set for mounts, and never execs).
+        for cap in range(64):
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+                if ctypes.get_errno() == errno.EINVAL:
+                    break
+                check(-1, f"drop capability {cap} from the bounding set")
+        # The runtime and the skeleton are read-only for every run.
+        mount(None, self.root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        # Live in that root: a child's copy of this mount namespace is then a dozen mounts, not
+        # every mount of the host, and it needs no pivot of its own (clone and exit got cheaper).
+        os.chdir(self.root)
+        pivot_root(".", ".")
+        umount(".", MNT_DETACH)
+        os.chdir("/")
+        self.root = "/"
+        # Forget the host's layout (the slot's directory, the cgroup paths, the runtime's
+        # paths): the zygote needs none of it any more, and what it holds, its children inherit.
+        self.base, self.python, self.binds, self.symlinks, self.cgroups = "", "", [], {}, []
+
+    def _build_root(self) -> None:
+        r = self.root
+        for d in ("proc", "dev", "tmp", WORK_DIR.lstrip("/"), "etc"):
+            os.makedirs(os.path.join(r, d), exist_ok=True)
+        for link, target in self.symlinks.items():
+            os.symlink(target, os.path.join(r, link.lstrip("/")))
+        for src in self.binds:
+            dst = os.path.join(r, src.lstrip("/"))
+            if os.path.isdir(src):
+                os.makedirs(dst, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                if not os.path.exists(dst):
+                    open(dst, "wb").close()
+            mount(src, dst, None, MS_BIND | MS_REC)
+            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        for dev in ("null", "zero", "full", "random", "urandom"):
+            dst = os.path.join(r, "dev", dev)
+            open(dst, "wb").close()
+            mount("/dev/" + dev, dst, None, MS_BIND)
+            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NOEXEC)
+        os.symlink("/proc/self/fd", os.path.join(r, "dev", "fd"))
+        for i, name in enumerate(("stdin", "stdout", "stderr")):
+            os.symlink(f"/proc/self/fd/{i}", os.path.join(r, "dev", name))
+        os.symlink("/tmp", os.path.join(r, "dev", "shm"))
+        # `python` and `python3` in a shell run are the pool's own interpreter.
+        tools = os.path.join(r, TOOLS_DIR.lstrip("/"))
+        os.makedirs(tools, 0o755)
+        for name in ("python", "python3"):
+            os.symlink(self.python, os.path.join(tools, name))
+        etc = os.path.join(r, "etc")
+        with open(os.path.join(etc, "passwd"), "w") as f:
+            f.write(f"root:x:0:0::/:/bin/false\nsandbox:x:{self.uid}:{self.gid}::{WORK_DIR}:/bin/sh\n"
+                    "nobody:x:65534:65534::/:/bin/false\n")
+        with open(os.path.join(etc, "group"), "w") as f:
+            f.write(f"root:x:0:\nsandbox:x:{self.gid}:\nnogroup:x:65534:\n")
+        with open(os.path.join(etc, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost sandbox\n::1 localhost\n")
+
+    # -- persistent work dirs (sessions) ------------------------------------------------------
+    def work_path(self, work: str) -> str:
+        if not work.isalnum():
+            raise SetupError(f"bad work id {work!r}")
+        return os.path.join(self.works, work)
+
+    def ensure_work(self, work: str, opts: str) -> None:
+        """Mount a named work tmpfs once; every run that names it gets it bound at /sandbox."""
+        if work not in self.work_opts:
+            path = self.work_path(work)
+            os.makedirs(path, 0o700, exist_ok=True)
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"{opts},mode=0755,uid={self.uid},gid={self.gid}")
+            self.work_opts[work] = opts
+
+    def remove_work(self, work: str) -> None:
+        if work in self.work_opts:
+            path = self.work_path(work)
+            umount(path, MNT_DETACH)
+            os.rmdir(path)
+            del self.work_opts[work]
+
+    # -- the loop -------------------------------------------------------------------------------
+    def serve(self, sock: socket.socket) -> None:
+        """Answer the supervisor until it hangs up: in jail.c's loop when it is there (it hands
+        back what it does not serve: see sl_serve), else here."""
+        while True:
+            if self.jail is not None and len(self.running) <= SL_MAX_RUNNING:
+                if not self._serve_c(self.jail, sock):
+                    return
+            elif not self._serve_once(sock):
+                return
+
+    def _serve_c(self, jail: Jail, sock: socket.socket) -> bool:
+        z = jail.state
+        kept = (self.spare.pid, self.spare.works) if self.spare is not None else (0, frozenset())
+        keep = self._to_c(z, jail, sock)
+        code = jail.lib.sl_serve(ctypes.byref(z))
+        if code == 2:  # a child prepared by the C loop, locked down with its request
+            child_after_c(list(z.child_fds))
+        del keep
+        self._from_c(z, kept)
+        if code < 0:
+            raise OSError(-code, f"zygote loop: {os.strerror(-code)}")
+        if code == 0:
+            return False
+        fds = list(z.fds[:z.n_fds])
+        msg = decode_msg(ctypes.string_at(ctypes.addressof(z) + SlZygote.msg.offset, z.msg_len))
+        if msg is None:
+            close_all(fds)
+            return False
+        self._answer(sock, msg, fds)
+        return True
+
+    def _to_c(self, z: SlZygote, jail: Jail, sock: socket.socket) -> SlChild | None:
+        """Hand the loop's state, and every descriptor in it, to the C loop."""
+        z.sock = sock.fileno()
+        spare, self.spare = self.spare, None
+        if spare is None:
+            z.spare_pid, z.spare_ctl, z.spare_pidfd, z.spare_mntns = 0, -1, -1, -1
+        else:
+            z.spare_pid, z.spare_ctl, z.spare_pidfd = spare.pid, spare.ctl.detach(), spare.pidfd
+            z.spare_mntns = spare.mntns if spare.mntns is not None else -1
+            z.spare_ready, z.spare_key = int(spare.is_ready), spare.key.encode()
+        z.n_running = len(self.running)
+        for i, (pid, (status, pidfd)) in enumerate(self.running.items()):
+            z.run_pid[i], z.run_status[i], z.run_pidfd[i] = pid, status, pidfd
+        self.running = {}
+        z.clone_flags = CHILD_CLONE_FLAGS
+        child = jail._struct(self, self.last_key) if self.last_key is not None else None
+        z.child = ctypes.addressof(child) if child is not None else None
+        z.key = (self.last_key or "").encode()
+        return child  # referenced by the caller while the C loop may use it
+
+    def _from_c(self, z: SlZygote, kept: tuple[int, frozenset[str]]) -> None:
+        """Take the state back from the C loop. ``kept``: the prepared child handed to it and
+        the session work dirs it was cloned with; one the C loop made has those of now (only
+        the Python loop mounts them)."""
+        self.running = {z.run_pid[i]: (z.run_status[i], z.run_pidfd[i])
+                        for i in range(z.n_running)}
+        if z.spare_pid:
+            works = kept[1] if z.spare_pid == kept[0] else frozenset(self.work_opts)
+            spare = Spare(z.spare_pid, socket.socket(fileno=z.spare_ctl), z.spare_key.decode(),
+                          z.spare_mntns if z.spare_mntns >= 0 else None, z.spare_pidfd, works)
+            spare.is_ready = bool(z.spare_ready)
+            self.spare = spare
+
+    def _serve_once(self, sock: socket.socket) -> bool:
+        """One turn of the Python loop: wait, reap, answer at most one message."""
+        while True:
+            watch = [sock.fileno(), *(pidfd for _, pidfd in self.running.values())]
+            if self.spare is not None:
+                watch.append(self.spare.pidfd)
+            try:
+                ready, _, _ = select.select(watch, [], [])
+            except InterruptedError:
+                continue
+            if len(ready) > 1 or ready[0] != sock.fileno():
+                self.reap()
+            if sock.fileno() in ready:
+                try:
+                    msg, fds = recv_msg(sock)
+                except ConnectionError:
+                    return False
+                if msg is None:
+                    close_all(fds)
+                    return False
+                self._answer(sock, msg, fds)
+                return True
+
+    def _answer(self, sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
+        try:
+            reply = self.handle(msg, fds)
+        except Exception as e:  # reported to the supervisor, which fails the run
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        # Not in a finally: a child unwinding from handle() (RunProgram) may hold its own
+        # descriptors under these numbers.
+        close_all(fds)
+        out_fds = reply.pop("_fds", [])
+        anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", out_fds))]
+               if out_fds else [])
+        sock.sendmsg([json.dumps(reply).encode()], anc)
+        for fd in out_fds:
+            os.close(fd)
+        self.reap()
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare.close()  # died before its request: replaced on the next run
+                self.spare = None
+            entry = self.running.pop(pid, None)
+            if entry is None:
+                continue
+            fd, pidfd = entry
+            os.close(pidfd)
+            rec = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime,
+                   "maxrss_kb": ru.ru_maxrss}
+            with contextlib.suppress(OSError):
+                write_record(fd, Record.EXIT, json.dumps(rec).encode())
+            os.close(fd)
+            self.prespawn()
+
+    def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "ping":  # fast_runs: runs the C loop served (tests check it is in use)
+            fast = self.jail.state.fast_runs if self.jail is not None else 0
+            return {"ok": True, "pid": os.getpid(), "fast_runs": fast}
+        if op == "rmwork":
+            self.remove_work(msg["work"])
+            return {"ok": True}
+        if op == "mkwork":
+            self.ensure_work(msg["work"], tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"]))
+            return {"ok": True}
+        if op != "run":
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        # After the N_RUN_FDS run fds: the run's cgroup.procs files. Without them the run would stay in
+        # the slot's group, which has no limits: refuse rather than run with less isolation.
+        ncg = int(msg.get("ncg", 0))
+        if ncg < 1 or len(fds) != N_RUN_FDS + ncg:
+            return {"ok": False,
+                    "error": f"run needs {N_RUN_FDS} fds + its cgroups ({ncg}), got {len(fds)}"}
+        opts = tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"])
+        work = msg.get("work") or ""
+        if work:
+            self.ensure_work(work, opts)
+        key: SpareKey = opts
+        spare = self.spare
+        self.spare = None
+        # A prepared child serves any run with its tmpfs sizes, with or without a session work
+        # dir, provided that dir was mounted before the child was cloned (its mount namespace
+        # is a copy taken then).
+        if spare is not None and (spare.key != key or (work and work not in spare.works)):
+            spare.discard()
+            spare = None
+        try:
+            for last in (False, True):
+                if spare is not None:
+                    try:
+                        spare.wait_ready()
+                    except SetupError:  # it died while idle (killed, or failed): make a new one
+                        spare.discard()
+                        spare = None
+                if spare is None:
+                    spare = self.spawn(key)
+                    spare.wait_ready()
+                try:
+                    self._hand_over(spare, fds, self.work_path(work) if work else "")
+                    break
+                except SpareGone:
+                    # Killed between the check and the hand-over (the OOM killer prefers idle
+                    # children): once more with a fresh one.
+                    spare.discard()
+                    spare = None
+                    if last:
+                        raise
+        except SetupError as e:
+            if spare is not None:
+                spare.discard()
+            return {"ok": False, "error": str(e)}
+        assert spare is not None  # handed over (the loop breaks) or raised
+        self.running[spare.pid] = (os.dup(fds[RunFd.STATUS]), spare.pidfd)
+        spare.pidfd = -1  # now owned by self.running
+        self.last_key = key
+        # Hand the child's mount namespace to the supervisor: while it holds a reference, the
+        # child's exit does not wait for the namespace's unmounts (an RCU grace period, several
+        # ms here); the supervisor drops it off the critical path.
+        reply: dict[str, Any] = {"ok": True, "pid": spare.pid}
+        if spare.mntns is not None:
+            reply["_fds"] = [spare.mntns]
+            spare.mntns = None
+        spare.close()
+        return reply
+
+    @staticmethod
+    def _hand_over(spare: Spare, fds: list[int], work_path: str) -> None:
+        """Move the prepared child into the run's own groups while it still waits for its
+        request (everything the run does is charged to them, and its processes are found
+        there), then hand it the request. SpareGone: the child had died."""
+        for procs in fds[N_RUN_FDS:]:
+            try:
+                os.write(procs, str(spare.pid).encode())
+            except ProcessLookupError as e:
+                raise SpareGone(f"sandbox child died before its run: {e}") from e
+            except OSError as e:
+                raise SetupError(f"cannot move the child into the run's cgroup: {e}") from e
+        spare.dispatch(fds[:N_RUN_FDS], work_path)
+
+    def spawn(self, key: SpareKey) -> Spare:
+        """Clone a child and let it isolate itself; it then waits for its one request."""
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        flags = CHILD_CLONE_FLAGS
+        if self.jail is not None:
+            pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
+            if pid == 0:  # isolated, requested and locked down in C
+                # jail.c closed both ends (their numbers may be the run's descriptors now):
+                # forget them, or unwinding (RunProgram) would close those.
+                parent_end.detach()
+                child_end.detach()
+                child_after_c(list(self.jail.state.child_fds))
+        else:
+            pid = clone_fork(flags)
+        if pid == 0:
+            # The child must never resume the zygote's work, whatever happens: it leaves only
+            # by RunProgram (see there), once locked down.
+            try:
+                parent_end.close()
+                try:
+                    prepare_child(self, key)
+                except BaseException as e:  # reported when the zygote waits for readiness
+                    with contextlib.suppress(OSError):
+                        child_end.send(CTL_FAILED + f"{type(e).__name__}: {e}".encode()[:4000])
+                    os._exit(SETUP_FAILED_EXIT)
+                child_end.send(CTL_READY)
+                run = serve_one(self, child_end, key)
+            except BaseException:
+                os._exit(SETUP_FAILED_EXIT)
+            raise RunProgram(run)
+        child_end.close()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            parent_end.close()
+            raise
+        mntns: int | None
+        try:
+            mntns = os.open(f"{PRIVATE}/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            mntns = None
+        return Spare(pid, parent_end, key, mntns, pidfd, frozenset(self.work_opts))
+
+    def prespawn(self) -> None:
+        """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""
+        if self.spare is None and self.last_key is not None and not self.running:
+            try:
+                self.spare = self.spawn(self.last_key)
+            except (OSError, SetupError):
+                self.spare = None
+
+
+SpareKey = str  # the tmpfs options of /tmp (and of /sandbox when no session dir is bound)
+
+
+def tmpfs_options(size_mb: int, inodes: int) -> str:
+    return f"size={int(size_mb)}m,nr_inodes={int(inodes)}"
+
+
+class Spare:
+    """A child that has isolated itself and waits for its request on ``ctl``."""
+
+    def __init__(self, pid: int, ctl: socket.socket, key: SpareKey, mntns: int | None,
+                 pidfd: int, works: frozenset[str]) -> None:
+        self.pid = pid
+        self.ctl = ctl
+        self.key = key
+        self.works = works  # session work dirs mounted when it was cloned
+        self.mntns = mntns
+        self.pidfd = pidfd  # readable once the child exits; -1 once handed to the run table
+        self.is_ready = False
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the child reports that its isolation is complete, or say why it failed."""
+        if self.is_ready:
+            # Anything readable now is EOF: the idle child died.
+            r, _, _ = select.select([self.ctl.fileno()], [], [], 0)
+            if r:
+                raise SetupError("the prepared sandbox child died while idle")
+            return
+        r, _, _ = select.select([self.ctl.fileno()], [], [], timeout)
+        if not r:
+            raise SetupError(f"the sandbox child did not finish its setup within {timeout} s")
+        data = self.ctl.recv(4096)
+        if data != CTL_READY:
+            detail = data[1:].decode(errors="replace") if data else "it exited"
+            raise SetupError(f"sandbox setup failed: {detail}")
+        self.is_ready = True
+
+    def dispatch(self, fds: list[int], work_path: str) -> None:
+        """Send the run's descriptors, and the session work dir to bind at /sandbox (or "")."""
+        try:
+            self.ctl.sendmsg([CHILD_RUN + work_path.encode()],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as e:
+            raise SpareGone(f"sandbox child died before its run: {e}") from e
+
+    def discard(self) -> None:
+        """Kill the child and wait for it, so it is gone from the slot before the next run."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.close()
+
+    def close(self) -> None:
+        self.ctl.close()
+        if self.mntns is not None:
+            os.close(self.mntns)
+            self.mntns = None
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+
+def main() -> ProgramRun | None:
+    """The zygote: returns when the supervisor hangs up (None), or in a locked-down child
+    (what runs its program: see RunProgram)."""
+    # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
+    config: ZygoteConfig = json.loads(sys.stdin.buffer.read())
+    os.environ.pop("LD_BIND_NOW", None)  # it did its work at start-up; runs do not inherit it
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    for name in config.get("preload", []):
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    prepare_std_streams()
+    # The compiler builds its AST types on first use (~2 ms): do it once here, not per run.
+    compile("pass", "<warm>", "exec", dont_inherit=True)
+    # Freeze the warm heap: a child's garbage collections then never touch (and copy) it.
+    gc.freeze()
+    try:
+        z = Zygote(config)
+        z.setup()
+    except Exception as e:
+        sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())
+        return None
+    del config  # the host's paths (see Zygote.setup)
+    # Give back the heap's free pages (what compiling and importing left): every child would
+    # otherwise inherit them, resident, like live memory. glibc only; elsewhere a no-op.
+    with contextlib.suppress(AttributeError):
+        libc.malloc_trim(0)
+    sock.send(json.dumps({"ok": True, "pid": os.getpid()}).encode())
+    try:
+        z.serve(sock)
+    except RunProgram as e:  # only ever in a child: see RunProgram
+        return e.run
+    return None
