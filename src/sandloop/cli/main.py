@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.cluster import cluster_app
 from sandloop.cli.monitor import monitor_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
@@ -30,9 +31,17 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 app.add_typer(monitor_app, name="monitor")
+app.add_typer(cluster_app, name="cluster")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
+
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray", metavar="ADDRESS",
+                 help="Run on the Ray cluster whose head is at HOST:PORT (pip install "
+                      "'sandloop[ray]'; docs/cluster.md)."),
+]
 
 NoIsolation = Annotated[
     bool,
@@ -171,6 +180,7 @@ def exec_batch(
     slots: Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")] = None,
     table: Annotated[bool, typer.Option("--table", help="Print a readable table instead of JSONL.")] = False,
     no_isolation: NoIsolation = False,
+    ray: RayAddress = None,
 ) -> None:
     """Run many programs in parallel; print one ExecResult JSON per line, in input order.
 
@@ -185,18 +195,21 @@ def exec_batch(
     except BatchRequestError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
-    results = aio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table))
+    results = aio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table,
+                                 ray=ray))
     if table:
         _print_table(requests, results)
     raise typer.Exit(0 if all(r.status is not Status.SANDBOX_ERROR for r in results) else 1)
 
 
 async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: str,
-                     *, print_jsonl: bool) -> list[ExecResult]:
+                     *, print_jsonl: bool, ray: str | None = None) -> list[ExecResult]:
     """Run through the engine; print results in input order as soon as each prefix is done."""
     results: list[ExecResult | None] = [None] * len(requests)
     printed = 0
-    async with Engine(slots=slots, isolation=isolation, max_attempts=2) as engine:
+    # On a cluster a node may leave mid-batch: one more attempt for its runs.
+    async with Engine(slots=slots, isolation=isolation, max_attempts=3 if ray else 2,
+                      cluster="ray" if ray else None, address=ray) as engine:
         async for i, r in engine.stream(((q.program, q.limits) for q in requests),
                                         client="exec-batch"):
             results[i] = r
@@ -248,13 +261,15 @@ def score(
     no_isolation: NoIsolation = False,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as one JSON object.")] = False,
     preload: Preload = None,
+    ray: RayAddress = None,
 ) -> None:
     """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable)."""
     from sandloop.cli.score import score_command
 
     raise typer.Exit(score_command(tasks, completions, out, format, db, no_db, tuple(k or (1, 10, 100)),
                                    reward, reward_on, time_scale, slots, no_isolation, as_json,
-                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ())))
+                                   progress=sys.stderr.isatty(), preload_extra=tuple(preload or ()),
+                                   ray_address=ray))
 
 
 @app.command()
@@ -293,6 +308,7 @@ def serve(
                               "on.")] = False,
     public_metrics: Annotated[bool, typer.Option(
         "--public-metrics", help="Serve /metrics without a key when keys are on.")] = False,
+    ray: RayAddress = None,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
     from sandloop.server.auth import KeysFileError
@@ -305,7 +321,7 @@ def serve(
                       tuple(preload or ()), usage_db, max_sessions=max_sessions,
                       max_sessions_per_key=max_sessions_per_key,
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
-                      public_metrics=public_metrics)
+                      public_metrics=public_metrics, ray_address=ray)
     except (ValueError, KeysFileError, UsageLedgerError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e

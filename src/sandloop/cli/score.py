@@ -87,6 +87,7 @@ def score_command(
     by_kind: bool = False,
     priority: str = "train",
     preload_extra: Sequence[str] = (),
+    ray_address: str | None = None,
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -124,7 +125,8 @@ def score_command(
         # The verifier retries infrastructure failures itself (then reports a null reward).
         async with Engine(slots=slots, isolation="none" if no_isolation else "full",
                           max_attempts=1,
-                          preload=preload_with(preload_extra)
+                          preload=preload_with(preload_extra),
+                          cluster="ray" if ray_address else None, address=ray_address,
                           ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
                                 time_scale=time_scale)

@@ -117,6 +117,7 @@ class NodeStatus:
     cpus: float
     memory_mb: int
     running: int = 0
+    queued: int = 0  # session runs waiting for a slot of this (their pinned) node
     free_memory_mb: int = 0
     runs: int = 0
     failures: int = 0
@@ -131,6 +132,7 @@ class _Node:
     free_slots: int = 0
     free_memory_mb: int = 0
     running: int = 0
+    queued: int = 0
     runs: int = 0
     failures: int = 0
     lost: bool = False
@@ -141,46 +143,45 @@ class _Node:
         self.free_memory_mb = self.info.memory_mb
 
 
-def _share_after(node: _Node, memory_mb: int) -> float:
-    """The node's dominant share (slots or memory, whichever is fuller) once the job runs."""
-    info = node.info
-    slots = (info.slots - node.free_slots + 1) / info.slots
-    memory = (info.memory_mb - node.free_memory_mb + memory_mb) / max(1, info.memory_mb)
-    return max(slots, memory)
-
-
 def choose_node(nodes: Iterable[_Node], memory_mb: int) -> _Node | None:
     """The node to run a job declaring ``memory_mb`` on, or None when none fits now.
 
-    Least dominant share after placement (ties: the node with more free slots). Spreading this
-    way keeps every node's free slots and free memory in proportion, so neither is stranded.
+    Least dominant share after placement: the fuller of its slots and its memory once the job
+    runs (ties: more free slots). Spreading this way keeps every node's free slots and free
+    memory in proportion, so neither is stranded (slots without memory, or memory without
+    slots).
     """
     best: _Node | None = None
-    best_key = (2.0, 0)
-    for n in nodes:
-        if n.lost or n.free_slots <= 0 or n.free_memory_mb < memory_mb:
+    best_share = 2.0
+    best_free = 0
+    for n in nodes:  # inlined: this runs once per job over every node
+        free = n.free_slots
+        if free <= 0 or n.free_memory_mb < memory_mb or n.lost:
             continue
-        key = (_share_after(n, memory_mb), -n.free_slots)
-        if key < best_key:
-            best, best_key = n, key
+        info = n.info
+        share = (info.slots - free + 1) / info.slots
+        mem = (info.memory_mb - n.free_memory_mb + memory_mb) / info.memory_mb \
+            if info.memory_mb > 0 else 1.0
+        if mem > share:
+            share = mem
+        if share < best_share or (share == best_share and free > best_free):
+            best, best_share, best_free = n, share, free
     return best
 
 
 def fragmentation(free: Iterable[tuple[int, int]]) -> float:
-    """How scattered free memory is over nodes given as ``(free_slots, free_memory_mb)``.
-
-    0 when all usable free memory sits on one node; near 1 when it is spread in many small
-    pieces. Memory on nodes without a free slot is unusable (stranded) and counts as
-    scattered: ``1 - largest usable piece / all free memory``.
+    """The share of free memory no job can use now, over nodes given as
+    ``(free_slots, free_memory_mb)``: memory on nodes without a free slot is stranded until a
+    run there ends. 0: every free MiB is usable; 1: all of it is stranded.
     """
     total = 0
-    largest = 0
+    stranded = 0
     for slots, mem in free:
         mem = max(0, mem)
         total += mem
-        if slots > 0:
-            largest = max(largest, mem)
-    return 0.0 if total == 0 else 1.0 - largest / total
+        if slots <= 0:
+            stranded += mem
+    return 0.0 if total == 0 else stranded / total
 
 
 @dataclass
@@ -370,8 +371,8 @@ class ClusterBackend:
             recent = sum(1 for t in n.done_at if t >= now - RATE_WINDOW_S)
             out.append(NodeStatus(
                 n.info.node_id, n.info.address, "lost" if n.lost else "ready", n.info.slots,
-                n.info.cpus, n.info.memory_mb, n.running, n.free_memory_mb, n.runs, n.failures,
-                round(recent / RATE_WINDOW_S, 3)))
+                n.info.cpus, n.info.memory_mb, n.running, n.queued, n.free_memory_mb, n.runs,
+                n.failures, round(recent / RATE_WINDOW_S, 3)))
         for nid in self._attaching:
             if nid not in self._nodes:
                 out.append(NodeStatus(nid, "", "starting", 0, 0.0, 0))
@@ -380,7 +381,7 @@ class ClusterBackend:
         return out
 
     def fragmentation(self) -> float:
-        """Free memory scattered over nodes (see ``fragmentation``), now."""
+        """The share of free memory stranded on nodes without a free slot, now."""
         return fragmentation((n.free_slots, n.free_memory_mb)
                              for n in self._nodes.values() if not n.lost)
 
@@ -414,9 +415,13 @@ class ClusterBackend:
                 return node
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append(fut)
+            if only is not None:
+                only.queued += 1
             try:
                 await fut
             finally:
+                if only is not None:
+                    only.queued -= 1
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(fut)
 

@@ -16,23 +16,27 @@ import logging
 import os
 import secrets
 import socket
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from sandloop.engine.cluster import (
+    RATE_WINDOW_S,
     ClusterBackend,
     ClusterUnavailable,
     NodeInfo,
     NodeLost,
 )
-from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, Workspace, WorkspaceLost
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
-__all__ = ["RESOURCE", "NodePoolActor", "RayBackend", "RayNodes", "ray_available"]
+__all__ = ["NAMESPACE", "RESOURCE", "NodePoolActor", "RayBackend", "RayNodes", "actor_name",
+           "connect", "ray_available"]
 
 RESOURCE = "sandloop"  # the custom resource a node offers to say "run sandloop pools here"
+NAMESPACE = "sandloop"  # where the pool actors are named (one per node: actor_name)
 SHIP_MIN_BYTES = 64 << 10  # inputs at least this large go through Ray's object store once
 SHIP_CACHE_BYTES = 256 << 20  # the driver's (and each node's) cache of shipped inputs
 
@@ -57,6 +61,41 @@ def _import_ray() -> Any:
     return ray
 
 
+def actor_name(node_id: str) -> str:
+    """The name of ``node_id``'s pool actor (in ``NAMESPACE``): one engine's pool per node."""
+    return f"sandloop-pool-{node_id}"
+
+
+def connect(address: str | None) -> tuple[Any, bool]:
+    """Connect this process to the running Ray cluster at ``address`` (HOST:PORT; None:
+    ``RAY_ADDRESS``), unless it is already connected. Returns (ray, whether we connected).
+
+    Never starts a private Ray. Raises ClusterUnavailable with what to do when it cannot.
+    """
+    ray = _import_ray()
+    if ray.is_initialized():
+        return ray, False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ClusterUnavailable(
+            "no Ray cluster address: pass ADDRESS (HOST:PORT of the head node) or set "
+            "RAY_ADDRESS; sandloop never starts a private Ray")
+    if address in ("local", "auto") or "://" in address:
+        raise ClusterUnavailable(
+            f"Ray address {address!r} is not HOST:PORT of a running cluster's head; "
+            "sandloop never starts a private Ray (see docs/cluster.md)")
+    try:
+        # log_to_driver=False: the workers' output never reaches this process's stdout (the
+        # CLI's JSON lines go there); Ray's own messages stay at WARNING, on stderr.
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ClusterUnavailable(
+            f"cannot connect to the Ray cluster at {address}: {e}; start its head with "
+            "'ray start --head --port=PORT' (see docs/cluster.md)") from e
+    return ray, True
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=20).hexdigest()
 
@@ -73,10 +112,39 @@ class NodePoolActor:
     """
 
     def __init__(self, slots: int, isolation: str, preload: Sequence[str]) -> None:
+        self.slots = slots
         self.pool = SandboxPool(slots, max_slots=slots, isolation=isolation, preload=preload)
         self.workspaces: dict[str, Workspace] = {}
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._blob_bytes = 0
+        self.inflight = 0
+        self.runs = 0
+        self.failures = 0
+        self.shipped_fetches = 0
+        self._done_at: deque[float] = deque(maxlen=100_000)
+
+    def stats(self) -> dict[str, Any]:
+        """This node's pool as seen on the node (for ``sandloop cluster status``)."""
+        now = time.monotonic()
+        recent = sum(1 for t in self._done_at if t >= now - RATE_WINDOW_S)
+        return {"slots": self.slots, "running": min(self.inflight, self.slots),
+                "queued": max(0, self.inflight - self.slots), "runs": self.runs,
+                "failures": self.failures, "runs_per_s": round(recent / RATE_WINDOW_S, 3),
+                "sessions": len(self.workspaces), "isolation": self.pool.isolation_level,
+                "shipped_fetches": self.shipped_fetches, "host": socket.gethostname(),
+                "pid": os.getpid()}
+
+    async def _counted(self, run: Awaitable[ExecResult]) -> ExecResult:
+        self.inflight += 1
+        try:
+            result = await run
+        finally:
+            self.inflight -= 1
+        self.runs += 1
+        self._done_at.append(time.monotonic())
+        if result.status is Status.SANDBOX_ERROR:
+            self.failures += 1
+        return result
 
     async def start(self) -> dict[str, Any]:
         await self.pool.start()
@@ -93,6 +161,7 @@ class NodePoolActor:
         for name, (digest, ref) in shipped.items():
             data = self._blobs.get(digest)
             if data is None:
+                self.shipped_fetches += 1
                 data = await ref[0]
                 self._blobs[digest] = data
                 self._blob_bytes += len(data)
@@ -109,7 +178,7 @@ class NodePoolActor:
 
     async def execute(self, program: Program, limits: Limits,
                       shipped: Mapping[str, tuple[str, Any]]) -> ExecResult:
-        return await self.pool.run(await self._inflate(program, shipped), limits)
+        return await self._counted(self.pool.run(await self._inflate(program, shipped), limits))
 
     async def open_workspace(self, limits: Limits) -> str:
         ws = await self.pool.open_workspace(limits)
@@ -125,8 +194,9 @@ class NodePoolActor:
 
     async def run_in(self, wid: str, program: Program, limits: Limits,
                      shipped: Mapping[str, tuple[str, Any]]) -> ExecResult:
-        return await self.pool.run_in(self._ws(wid), await self._inflate(program, shipped),
-                                      limits)
+        ws = self._ws(wid)
+        return await self._counted(self.pool.run_in(ws, await self._inflate(program, shipped),
+                                                    limits))
 
     async def write_files(self, wid: str, files: dict[str, str | bytes]) -> None:
         await self.pool.write_files(self._ws(wid), files)
@@ -259,28 +329,8 @@ class RayNodes:
         self._amount: dict[str, float] = {}
 
     async def connect(self) -> None:
-        ray = _import_ray()
+        ray, self._owns_connection = connect(self.address)
         self._ray = ray
-        if not ray.is_initialized():
-            address = self.address or os.environ.get("RAY_ADDRESS")
-            if not address:
-                raise ClusterUnavailable(
-                    "no Ray cluster address: pass ADDRESS (HOST:PORT of the head node) or set "
-                    "RAY_ADDRESS; sandloop never starts a private Ray")
-            if address in ("local", "auto") or "://" in address:
-                raise ClusterUnavailable(
-                    f"Ray address {address!r} is not HOST:PORT of a running cluster's head; "
-                    "sandloop never starts a private Ray (see docs/cluster.md)")
-            try:
-                # log_to_driver=False: the workers' output never reaches this process's stdout
-                # (the CLI's JSON lines go there); Ray's own messages stay at WARNING on stderr.
-                ray.init(address=address, namespace="sandloop", log_to_driver=False,
-                         logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise ClusterUnavailable(
-                    f"cannot connect to the Ray cluster at {address}: {e}; start its head with "
-                    "'ray start --head --port=PORT' (see docs/cluster.md)") from e
-            self._owns_connection = True
         self._shipper = _Shipper(ray)
         self._actor_cls = ray.remote(NodePoolActor)
 
@@ -308,7 +358,10 @@ class RayNodes:
         # The actor claims the node's whole `sandloop` resource: one engine's pool per node (a
         # second engine's actor waits, and its attach times out, instead of double-booking
         # the node's cores). num_cpus=0: the runs, not the actor, use the cores.
+        # Named (one per node): `sandloop cluster status` finds it; a second engine's actor for
+        # the same node fails at once instead of double-booking its cores.
         actor = self._actor_cls.options(
+            name=actor_name(node.node_id), namespace=NAMESPACE,
             num_cpus=0, resources={RESOURCE: self._amount.get(node.node_id, 1.0)},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             max_restarts=0, max_concurrency=100_000,

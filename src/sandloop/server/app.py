@@ -173,7 +173,9 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
         engine = Engine(slots=config.slots, isolation=config.isolation,
                         journal=config.journal, preload=config.preload,
                         max_sessions=config.max_sessions,
-                        session_memory_mb=config.session_memory_mb)
+                        session_memory_mb=config.session_memory_mb,
+                        cluster="ray" if config.ray_address else None,
+                        address=config.ray_address)
         await engine.start()
         for pol in keys.policies():
             engine.configure_client(pol.id, weight=pol.record.weight)

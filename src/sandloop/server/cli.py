@@ -30,6 +30,7 @@ def serve_command(
     session_memory_mb: int | None = None,
     public_docs: bool = False,
     public_metrics: bool = False,
+    ray_address: str | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Raises ValueError for a
@@ -49,7 +50,7 @@ def serve_command(
                           preload=preload_with(preload_extra), max_sessions=max_sessions,
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
-                          public_metrics=public_metrics)
+                          public_metrics=public_metrics, ray_address=ray_address)
     configure_logging(log_level)
     app = create_app(config, keys=keys)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,

@@ -41,6 +41,7 @@ class ServerConfig:
     # With API keys on, /openapi.json, /docs, /redoc and /metrics need a key unless opened here.
     public_docs: bool = False
     public_metrics: bool = False
+    ray_address: str | None = None  # HOST:PORT of a Ray cluster's head: run jobs there
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every request: clients are few, parsing is not free

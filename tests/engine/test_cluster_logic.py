@@ -1,0 +1,126 @@
+"""ClusterBackend's logic over in-process scripted nodes (no Ray, no sandboxes): placement,
+fragmentation, capacity following joins and leaves, node loss as an infrastructure failure
+retried elsewhere (faults injected by ScriptedNodes.kill), pinned sessions, refused nodes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sandloop import Limits, Program
+from sandloop.engine import Engine, SessionLost
+from sandloop.engine.cluster import (
+    ClusterBackend,
+    ClusterUnavailable,
+    NodeInfo,
+    _Node,
+    choose_node,
+    fragmentation,
+)
+from sandloop.engine.scheduling import ResourceTooLarge
+from sandloop.engine.testing import ScriptedNodes
+from sandloop.sandbox.models import ExecResult, Status
+
+
+def _node(nid: str, slots: int, memory_mb: int, used_slots: int = 0, used_mb: int = 0) -> _Node:
+    n = _Node(NodeInfo(nid, "127.0.0.1", slots / 2, memory_mb, slots), client=None)  # type: ignore[arg-type]
+    n.free_slots -= used_slots
+    n.free_memory_mb -= used_mb
+    return n
+
+
+def test_placement_takes_the_node_left_least_loaded_by_its_dominant_resource() -> None:
+    a = _node("a", 4, 8000, used_slots=2)  # half the slots used
+    b = _node("b", 4, 8000, used_slots=1, used_mb=6000)  # memory nearly full
+    c = _node("c", 4, 8000, used_slots=3)
+    assert choose_node([a, b, c], 1000) is a
+    # Nothing fits a job larger than any node's free memory; a full node is skipped.
+    assert choose_node([a, b, c], 9000) is None
+    assert choose_node([_node("d", 2, 8000, used_slots=2)], 100) is None
+
+
+def test_fragmentation_is_the_share_of_free_memory_stranded_on_nodes_without_slots() -> None:
+    assert fragmentation([(2, 4000), (2, 0)]) == 0.0
+    assert fragmentation([(1, 1000), (1, 1000), (1, 1000), (1, 1000)]) == 0.0
+    assert fragmentation([(0, 3000), (1, 1000)]) == pytest.approx(0.75)  # 3000 stranded
+    assert fragmentation([]) == 0.0
+
+
+def _sleep_script(s: float):  # type: ignore[no-untyped-def]
+    async def run(program: Program, limits: Limits) -> ExecResult:
+        await asyncio.sleep(s)
+        return ExecResult(status=Status.OK, stdout=program.source)
+    return run
+
+
+async def test_a_killed_node_fault_injected_is_retried_elsewhere_exactly_once() -> None:
+    nodes = ScriptedNodes(_sleep_script(0.01), nodes=3)
+    backend = ClusterBackend(nodes, refresh_s=0.05, min_nodes=3)
+    programs = [Program(source=str(i)) for i in range(300)]
+    seen: list[int] = []
+    async with Engine(backend) as eng:
+        async for i, r in eng.stream(programs):
+            seen.append(i)
+            assert r.status is Status.OK and r.stdout == str(i)
+            if len(seen) == 50:
+                nodes.kill("node0002")
+        stats = eng.snapshot()
+    assert sorted(seen) == list(range(300))
+    assert stats.retried >= 1 and stats.infra_failures == 0
+    assert backend.lost_nodes == 1
+
+
+async def test_admission_follows_nodes_that_join_and_leave() -> None:
+    nodes = ScriptedNodes(nodes=1, cpus=2, memory_mb=4000)
+    backend = ClusterBackend(nodes, refresh_s=0.02)
+    async with Engine(backend) as eng:
+        adm = eng._admission
+        assert adm is not None and (adm.slots, adm.memory_mb) == (4, 4000)
+        nid = nodes.add(cpus=4, memory_mb=16000)
+        for _ in range(200):
+            if adm.slots == 12:
+                break
+            await asyncio.sleep(0.01)
+        assert (adm.slots, adm.memory_mb, adm.cpus, adm.job_memory_mb) == (12, 20000, 6, 16000)
+        r = await eng.run(Program(source="x"), Limits(memory_mb=8000))  # fits the new node only
+        assert r.status is Status.OK
+        nodes.kill(nid)
+        for _ in range(200):
+            if adm.slots == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert adm.slots == 4
+        with pytest.raises(ResourceTooLarge):  # no node is that large any more
+            await eng.run(Program(source="x"), Limits(memory_mb=8000))
+
+
+async def test_a_session_is_pinned_to_its_node_and_lost_with_it() -> None:
+    nodes = ScriptedNodes(nodes=2)
+    async with Engine(ClusterBackend(nodes, refresh_s=0.05, min_nodes=2)) as eng:
+        s = await eng.open_session()
+        await s.write_files({"a.txt": "1"})
+        assert (await s.run_program(Program(source="x"))).status is Status.OK
+        nodes.kill(s.workspace.node_id)
+        with pytest.raises(SessionLost, match="left the cluster"):
+            await s.run_program(Program(source="x"))
+        assert (await eng.run(Program(source="y"))).stdout == ""  # other nodes carry on
+
+
+async def test_a_node_that_cannot_isolate_gets_no_work() -> None:
+    nodes = ScriptedNodes(nodes=0)
+    bad = nodes.add(isolation="unavailable")
+    good = nodes.add()
+    backend = ClusterBackend(nodes, refresh_s=0.02)
+    async with Engine(backend) as eng:
+        await asyncio.gather(*(eng.run(Program(source=str(i))) for i in range(20)))
+        status = {s.node_id: s for s in backend.status()}
+    assert status[bad].state == "refused" and "isolate" in status[bad].reason
+    assert status[good].runs == 20 and nodes.nodes[bad].backend.calls == 0
+
+
+async def test_no_node_offering_sandloop_is_a_clear_error() -> None:
+    backend = ClusterBackend(ScriptedNodes(nodes=0), refresh_s=0.02, start_timeout_s=0.1)
+    with pytest.raises(ClusterUnavailable, match="sandloop"):
+        async with Engine(backend):
+            pass
