@@ -124,3 +124,34 @@ async def test_no_node_offering_sandloop_is_a_clear_error() -> None:
     with pytest.raises(ClusterUnavailable, match="sandloop"):
         async with Engine(backend):
             pass
+
+
+async def test_metrics_show_per_node_slots_runs_and_fragmentation() -> None:
+    from sandloop.server.observability import _EngineCollector
+
+    nodes = ScriptedNodes(nodes=2)
+    async with Engine(ClusterBackend(nodes, refresh_s=0.05, min_nodes=2)) as eng:
+        await asyncio.gather(*(eng.run(Program(source=str(i))) for i in range(10)))
+        metrics = {m.name: m for m in _EngineCollector(lambda: eng).collect()}
+    runs = metrics["sandloop_cluster_node_runs"].samples
+    assert sorted(s.labels["node"] for s in runs) == ["node0001", "node0002"]
+    assert sum(s.value for s in runs) == 10
+    assert {s.value for s in metrics["sandloop_cluster_node_slots"].samples} == {2.0}
+    assert metrics["sandloop_cluster_fragmentation"].samples[0].value == 0.0
+    ready = [s for s in metrics["sandloop_cluster_nodes"].samples if s.labels["state"] == "ready"]
+    assert ready[0].value == 2
+
+
+def test_ray_driver_messages_printed_during_a_ray_command_go_to_stderr(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sandloop.cli.cluster import results_stdout
+
+    with results_stdout(True) as out:
+        # What Ray's driver does with cluster events ("node ... marked dead"): print().
+        print("(raylet) The node with node id: ... has been marked dead")
+        out.write('{"status": "ok"}\n')
+    with results_stdout(False) as out:
+        out.write('{"status": "ok"}\n')
+    got = capsys.readouterr()
+    assert got.out == '{"status": "ok"}\n' * 2
+    assert "marked dead" in got.err

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
-from sandloop.cli.cluster import cluster_app
+from sandloop.cli.cluster import cluster_app, results_stdout
 from sandloop.cli.monitor import monitor_app
 from sandloop.engine import Engine
 from sandloop.sandbox import host
@@ -208,16 +208,17 @@ async def _run_batch(requests: list[ExecRequest], slots: int | None, isolation: 
     results: list[ExecResult | None] = [None] * len(requests)
     printed = 0
     # On a cluster a node may leave mid-batch: one more attempt for its runs.
-    async with Engine(slots=slots, isolation=isolation, max_attempts=3 if ray else 2,
-                      cluster="ray" if ray else None, address=ray) as engine:
-        async for i, r in engine.stream(((q.program, q.limits) for q in requests),
-                                        client="exec-batch"):
-            results[i] = r
-            while printed < len(results) and (ready := results[printed]) is not None:
-                if print_jsonl:
-                    sys.stdout.write(ready.to_json() + "\n")
-                    sys.stdout.flush()
-                printed += 1
+    with results_stdout(ray is not None) as out:
+        async with Engine(slots=slots, isolation=isolation, max_attempts=3 if ray else 2,
+                          cluster="ray" if ray else None, address=ray) as engine:
+            async for i, r in engine.stream(((q.program, q.limits) for q in requests),
+                                            client="exec-batch"):
+                results[i] = r
+                while printed < len(results) and (ready := results[printed]) is not None:
+                    if print_jsonl:
+                        out.write(ready.to_json() + "\n")
+                        out.flush()
+                    printed += 1
     return [r for r in results if r is not None]
 
 

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.cluster import results_stdout
 from sandloop.engine import Engine
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
@@ -145,7 +146,8 @@ def score_command(
                                        concurrency=4 * engine.backend.slots, on_result=done)
 
     try:
-        results = aio.run(run())
+        with results_stdout(ray_address is not None):
+            results = aio.run(run())
     finally:
         if store is not None:
             store.close()
