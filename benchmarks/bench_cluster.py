@@ -33,6 +33,8 @@ from sandloop.engine.testing import ScriptedNodes
 from sandloop.sandbox.models import ExecResult
 
 CORES = os.cpu_count() or 1
+# The benchmark's Ray nodes stay on 127.0.0.1 (Ray reads this when first imported).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 async def _batch(engine: Engine, n: int) -> float:
@@ -53,7 +55,6 @@ async def bench_ray_vs_local(n: int) -> None:
         local_wall = await _batch(local, n)
     print(f"   local : {local_wall:6.2f} s  {n / local_wall:7.1f} runs/s  "
           f"{local_wall / n * 1000:6.2f} ms/run")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "engine"))
     from ray_cluster import LocalRayCluster  # the tests' cluster: nodes of 1 CPU on 127.0.0.1
 

@@ -196,11 +196,15 @@ class ClusterBackend:
     """The engine's backend over a cluster's nodes (see the module docstring).
 
     ``min_nodes``: ``start`` waits (up to ``start_timeout_s``) until that many nodes are ready.
+    ``nodes_limit_cpu``: each node keeps its own CPU budget (Ray's pool actors do: a run's CPU
+    goes to the next one on that node as soon as its program ends, which the driver learns only
+    with the result); the engine then admits by slots alone, and one job by a node's cores.
     """
 
     def __init__(self, source: NodeSource, *, refresh_s: float = 1.0, min_nodes: int = 1,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, nodes_limit_cpu: bool = False) -> None:
         self.source = source
+        self.nodes_limit_cpu = nodes_limit_cpu
         self.refresh_s = refresh_s
         self.min_nodes = min_nodes
         self.start_timeout_s = start_timeout_s
@@ -230,7 +234,8 @@ class ClusterBackend:
         return Capacity(
             slots=sum(i.slots for i in live),
             memory_mb=sum(i.memory_mb for i in live),
-            cpus=sum(i.cpus for i in live),
+            cpus=float(sum(i.slots for i in live)) if self.nodes_limit_cpu
+            else sum(i.cpus for i in live),
             node_memory_mb=max((i.memory_mb for i in live), default=0),
             node_cpus=max((i.cpus for i in live), default=0.0))
 

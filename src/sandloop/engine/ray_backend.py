@@ -18,7 +18,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sandloop.engine.cluster import (
@@ -111,11 +111,18 @@ class NodePoolActor:
     slots allow. Workspaces (sessions) stay here; the driver holds only their ids.
     """
 
-    def __init__(self, slots: int, isolation: str, preload: Sequence[str]) -> None:
+    def __init__(self, slots: int, cpus: float, isolation: str, preload: Sequence[str]) -> None:
         self.slots = slots
+        # The node's CPU budget, kept here as the local engine keeps it: at most `cpus` cores'
+        # worth of programs run at once, and a run's CPU goes to the next one as soon as its
+        # program ends (its cleanup and the result's trip to the driver overlap that run).
+        self.cpus = cpus
+        self._free_cpus = cpus
+        self._cpu_waiters: deque[asyncio.Future[None]] = deque()
         self.pool = SandboxPool(slots, max_slots=slots, isolation=isolation, preload=preload)
         self.workspaces: dict[str, Workspace] = {}
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._fetching: dict[str, asyncio.Future[bytes]] = {}
         self._blob_bytes = 0
         self.inflight = 0
         self.runs = 0
@@ -127,17 +134,50 @@ class NodePoolActor:
         """This node's pool as seen on the node (for ``sandloop cluster status``)."""
         now = time.monotonic()
         recent = sum(1 for t in self._done_at if t >= now - RATE_WINDOW_S)
-        return {"slots": self.slots, "running": min(self.inflight, self.slots),
-                "queued": max(0, self.inflight - self.slots), "runs": self.runs,
+        queued = len(self._cpu_waiters)
+        return {"slots": self.slots, "cpus": self.cpus, "running": self.inflight - queued,
+                "queued": queued, "runs": self.runs,
                 "failures": self.failures, "runs_per_s": round(recent / RATE_WINDOW_S, 3),
                 "sessions": len(self.workspaces), "isolation": self.pool.isolation_level,
                 "shipped_fetches": self.shipped_fetches, "host": socket.gethostname(),
                 "pid": os.getpid()}
 
-    async def _counted(self, run: Awaitable[ExecResult]) -> ExecResult:
+    async def _take_cpu(self, want: float) -> None:
+        while want > self._free_cpus + 1e-9:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._cpu_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._cpu_waiters.remove(fut)
+        self._free_cpus -= want
+
+    def _give_cpu(self, want: float) -> None:
+        self._free_cpus += want
+        while self._cpu_waiters:  # few per node: wake all, they check again
+            fut = self._cpu_waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _counted(self, limits: Limits,
+                       run: Callable[[Callable[[], None]], Awaitable[ExecResult]]) -> ExecResult:
+        want = min(limits.cpus, self.cpus)  # a job larger than the node runs alone
         self.inflight += 1
+        given = False
+
+        def program_ended() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self._give_cpu(want)
+
         try:
-            result = await run
+            await self._take_cpu(want)
+            try:
+                result = await run(program_ended)
+            finally:
+                program_ended()
         finally:
             self.inflight -= 1
         self.runs += 1
@@ -160,16 +200,28 @@ class NodePoolActor:
         stdin: str | bytes | None = program.stdin
         for name, (digest, ref) in shipped.items():
             data = self._blobs.get(digest)
-            if data is None:
-                self.shipped_fetches += 1
-                data = await ref[0]
+            if data is not None:
+                self._blobs.move_to_end(digest)
+            elif (pending := self._fetching.get(digest)) is not None:
+                data = await asyncio.shield(pending)  # another run is fetching it already
+            else:
+                pending = asyncio.get_running_loop().create_future()
+                self._fetching[digest] = pending
+                try:
+                    self.shipped_fetches += 1
+                    data = await ref[0]
+                    pending.set_result(data)
+                except BaseException as e:
+                    pending.set_exception(e)
+                    pending.exception()  # retrieved: the waiters (if any) get it
+                    raise
+                finally:
+                    del self._fetching[digest]
                 self._blobs[digest] = data
                 self._blob_bytes += len(data)
                 while self._blob_bytes > SHIP_CACHE_BYTES and len(self._blobs) > 1:
                     _, old = self._blobs.popitem(last=False)
                     self._blob_bytes -= len(old)
-            else:
-                self._blobs.move_to_end(digest)
             if name == "\0stdin":
                 stdin = data
             else:
@@ -178,7 +230,9 @@ class NodePoolActor:
 
     async def execute(self, program: Program, limits: Limits,
                       shipped: Mapping[str, tuple[str, Any]]) -> ExecResult:
-        return await self._counted(self.pool.run(await self._inflate(program, shipped), limits))
+        program = await self._inflate(program, shipped)
+        return await self._counted(
+            limits, lambda ended: self.pool.run(program, limits, on_end=ended))
 
     async def open_workspace(self, limits: Limits) -> str:
         ws = await self.pool.open_workspace(limits)
@@ -195,8 +249,8 @@ class NodePoolActor:
     async def run_in(self, wid: str, program: Program, limits: Limits,
                      shipped: Mapping[str, tuple[str, Any]]) -> ExecResult:
         ws = self._ws(wid)
-        return await self._counted(self.pool.run_in(ws, await self._inflate(program, shipped),
-                                                    limits))
+        program = await self._inflate(program, shipped)
+        return await self._counted(limits, lambda ended: self.pool.run_in(ws, program, limits))
 
     async def write_files(self, wid: str, files: dict[str, str | bytes]) -> None:
         await self.pool.write_files(self._ws(wid), files)
@@ -365,7 +419,7 @@ class RayNodes:
             num_cpus=0, resources={RESOURCE: self._amount.get(node.node_id, 1.0)},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             max_restarts=0, max_concurrency=100_000,
-        ).remote(node.slots, self.isolation, self.preload)
+        ).remote(node.slots, node.cpus, self.isolation, self.preload)
 
         async def started() -> dict[str, Any]:
             info: dict[str, Any] = await actor.start.remote()
@@ -393,4 +447,4 @@ class RayBackend(ClusterBackend):
                  min_nodes: int = 1, start_timeout_s: float = 120.0) -> None:
         super().__init__(RayNodes(address, isolation=isolation, preload=preload),
                          refresh_s=refresh_s, min_nodes=min_nodes,
-                         start_timeout_s=start_timeout_s)
+                         start_timeout_s=start_timeout_s, nodes_limit_cpu=True)
