@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -236,3 +237,82 @@ async def test_large_inputs_ship_once_per_node_and_cluster_status_reports_each_p
     # Each node fetched the file once, however many of the 60 runs it took.
     assert all(r["shipped_fetches"] <= 1 for r in pools), pools
     assert all({"slots", "running", "queued", "runs_per_s", "failures"} <= set(r) for r in pools)
+
+
+def test_sandloop_score_with_ray_gives_the_local_rewards(
+        cluster: LocalRayCluster, tmp_path: Path) -> None:
+    from sandloop.cli.score import demo_completions_path
+
+    completions = tmp_path / "c.jsonl"
+    completions.write_text("".join(demo_completions_path().read_text().splitlines(True)[:30]))
+    outs = []
+    for extra in (["--ray", cluster.address], []):
+        out = tmp_path / f"out{len(outs)}.jsonl"
+        run = subprocess.run(
+            [sys.executable, "-m", "sandloop", "score", "--tasks", "humaneval", "--completions",
+             str(completions), "--no-db", "--json", "--out", str(out), *extra],
+            capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        json.loads(run.stdout)  # stdout: the summary object only
+        outs.append([(d["completion_id"], d["reward"], d["verdict"])
+                     for d in map(json.loads, out.read_text().splitlines())])
+    assert outs[0] == outs[1] and len(outs[0]) == 30
+
+
+def test_sandloop_serve_with_ray_runs_on_the_cluster_and_shows_nodes_on_metrics(
+        cluster: LocalRayCluster) -> None:
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandloop", "serve", "--port", str(port), "--ray",
+         cluster.address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        r = httpx.post(f"{url}/v1/run", json={"language": "python", "source": "print(6 * 7)"},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["stdout"] == "42\n"
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        runs = [ln for ln in metrics.splitlines()
+                if ln.startswith("sandloop_cluster_node_runs{")]
+        assert runs and sum(float(ln.rsplit(" ", 1)[1]) for ln in runs) >= 1
+        assert 'sandloop_cluster_nodes{state="ready"}' in metrics
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_sandloop_cluster_status_lists_the_sandloop_nodes(cluster: LocalRayCluster) -> None:
+    run = subprocess.run([sys.executable, "-m", "sandloop", "cluster", "status", "--json",
+                          cluster.address], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(rows) == 3 and all(r["alive"] and r["cpus"] == 1.0 for r in rows)
+
+
+def test_an_address_that_would_start_a_private_ray_is_refused() -> None:
+    from sandloop.engine.cluster import ClusterUnavailable
+
+    async def go(address: str) -> None:
+        async with Engine(cluster="ray", address=address):
+            pass
+
+    for address in ("auto", "local", "ray://127.0.0.1:10001"):
+        with pytest.raises(ClusterUnavailable, match="never starts a private Ray"):
+            asyncio.run(go(address))
