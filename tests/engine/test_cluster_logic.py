@@ -155,3 +155,25 @@ def test_ray_driver_messages_printed_during_a_ray_command_go_to_stderr(
     got = capsys.readouterr()
     assert got.out == '{"status": "ok"}\n' * 2
     assert "marked dead" in got.err
+
+
+async def test_a_drained_node_finishes_its_runs_and_gets_no_new_ones() -> None:
+    nodes = ScriptedNodes(_sleep_script(0.02), nodes=3)
+    backend = ClusterBackend(nodes, refresh_s=0.02, min_nodes=3)
+    drained = nodes.nodes["node0001"].backend
+    calls_at_drain = 0
+    seen = 0
+    async with Engine(backend) as eng:
+        async for i, r in eng.stream([Program(source=str(i)) for i in range(300)]):
+            assert r.status is Status.OK and r.stdout == str(i)
+            seen += 1
+            if seen == 40:
+                nodes.drain("node0001")
+                calls_at_drain = drained.calls
+        stats = eng.snapshot()
+        status = {s.node_id: s for s in backend.status()}
+    assert seen == 300 and stats.retried == 0  # nothing lost: in-flight runs finished there
+    # Only what was already placed (at most its 2 slots, plus one refresh's worth) ran there.
+    assert drained.calls <= calls_at_drain + 2 * 2
+    assert "node0001" not in status or status["node0001"].state in ("lost", "retiring")
+    assert drained.closed  # its pool closed once its last run was done

@@ -316,3 +316,38 @@ def test_an_address_that_would_start_a_private_ray_is_refused() -> None:
     for address in ("auto", "local", "ray://127.0.0.1:10001"):
         with pytest.raises(ClusterUnavailable, match="never starts a private Ray"):
             asyncio.run(go(address))
+
+
+async def test_a_drained_node_finishes_its_runs_and_gets_no_new_ones(
+        cluster: LocalRayCluster) -> None:
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    async with Engine(cluster="ray", address=cluster.address) as eng:
+        backend = eng.backend
+        while backend.slots < 6:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.2)
+        seen: list[int] = []
+        drained = ""
+        runs_at_drain = 0
+        async for i, r in eng.stream(_sleepers(300, 0.05), Limits(time_s=10)):
+            assert r.status == "ok" and r.stdout == f"{i}\n"
+            seen.append(i)
+            if len(seen) == 40:
+                busy = max(backend.status(), key=lambda s: s.running)  # type: ignore[attr-defined]
+                drained = busy.node_id
+                gcs = ray._raylet.GcsClient(address=cluster.address)
+                accepted, why = gcs.drain_node(
+                    drained, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                    "test: drained mid-batch", 0)
+                assert accepted, why
+                runs_at_drain = busy.runs + busy.running
+        stats = eng.snapshot()
+        status = {s.node_id: s for s in backend.status()}  # type: ignore[attr-defined]
+    cluster.kill(drained)
+    cluster.add()
+    assert sorted(seen) == list(range(300))
+    assert stats.retried == 0  # its runs in flight finished there: nothing to run again
+    # No new work after the next refresh (~1 s: at most a few runs per slot meanwhile).
+    assert status[drained].runs <= runs_at_drain + 2 * 20, (status[drained], runs_at_drain)
+    assert status[drained].state in ("lost", "retiring")

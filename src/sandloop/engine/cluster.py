@@ -112,7 +112,8 @@ class NodeStatus:
 
     node_id: str
     address: str
-    state: str  # "ready", "starting", "refused" (cannot isolate) or "lost"
+    state: str  # "ready", "starting", "refused" (cannot isolate), "retiring" (left, runs
+    # still in flight there: a drained node) or "lost"
     slots: int
     cpus: float
     memory_mb: int
@@ -209,6 +210,7 @@ class ClusterBackend:
         self.min_nodes = min_nodes
         self.start_timeout_s = start_timeout_s
         self._nodes: dict[str, _Node] = {}
+        self._retiring: list[_Node] = []  # gone from the cluster, runs still in flight there
         self._attaching: dict[str, asyncio.Task[None]] = {}
         self._refused: dict[str, NodeStatus] = {}
         self._lost: dict[str, NodeStatus] = {}
@@ -290,7 +292,9 @@ class ClusterBackend:
             if not fut.done():
                 fut.set_result(None)
         await asyncio.gather(*(n.client.close() for n in self._nodes.values() if not n.lost),
+                             *(n.client.close() for n in self._retiring),
                              return_exceptions=True)
+        self._retiring.clear()
         self._nodes.clear()
         await self.source.disconnect()
 
@@ -378,11 +382,18 @@ class ClusterBackend:
                 n.info.node_id, n.info.address, "lost" if n.lost else "ready", n.info.slots,
                 n.info.cpus, n.info.memory_mb, n.running, n.queued, n.free_memory_mb, n.runs,
                 n.failures, round(recent / RATE_WINDOW_S, 3)))
+        for n in self._retiring:
+            out.append(NodeStatus(
+                n.info.node_id, n.info.address, "retiring", n.info.slots, n.info.cpus,
+                n.info.memory_mb, n.running, n.queued, n.free_memory_mb, n.runs, n.failures,
+                reason="left the cluster; finishing its runs in flight"))
+        retiring = {n.info.node_id for n in self._retiring}
         for nid in self._attaching:
             if nid not in self._nodes:
                 out.append(NodeStatus(nid, "", "starting", 0, 0.0, 0))
         out.extend(self._refused.values())
-        out.extend(s for s in self._lost.values() if s.node_id not in self._nodes)
+        out.extend(s for s in self._lost.values()
+                   if s.node_id not in self._nodes and s.node_id not in retiring)
         return out
 
     def fragmentation(self) -> float:
@@ -497,10 +508,18 @@ class ClusterBackend:
             if nid not in alive or node.lost:
                 del self._nodes[nid]
                 if not node.lost:
-                    self._lose(node, "the node left the cluster")
+                    self._lose(node, "the node left the cluster (drained or stopped)")
                 gone = True
+                # No new work goes there; runs still in flight (a draining node's) finish.
+                self._retiring.append(node)
+        still: list[_Node] = []
+        for node in self._retiring:
+            if node.running > 0:
+                still.append(node)
+            else:
                 with contextlib.suppress(Exception):
                     await node.client.close()
+        self._retiring = still
         for nid in list(self._refused):
             if nid not in alive:
                 del self._refused[nid]

@@ -267,6 +267,16 @@ class NodePoolActor:
         await self.pool.close()
 
 
+def _draining_nodes(ray: Any) -> set[str]:
+    """Nodes being drained (`ray drain-node`, autoscaler scale-down, preemption): they get no
+    new work; runs in flight there finish before the node goes. An empty set where this Ray
+    cannot tell (the call is Ray's internal state API)."""
+    try:
+        return set(ray._private.state.state.get_draining_nodes())
+    except Exception:
+        return set()
+
+
 class _Shipper:
     """The driver's side of shipping large inputs once: content digest -> object ref."""
 
@@ -391,10 +401,11 @@ class RayNodes:
     async def discover(self) -> list[NodeInfo]:
         ray = self._ray
         nodes = await asyncio.to_thread(ray.nodes)
+        draining = await asyncio.to_thread(_draining_nodes, ray)
         out = []
         for n in nodes:
             res = n.get("Resources") or {}
-            if not n.get("Alive") or res.get(RESOURCE, 0) <= 0:
+            if not n.get("Alive") or res.get(RESOURCE, 0) <= 0 or n["NodeID"] in draining:
                 continue
             cpus = float(res.get("CPU", 0.0)) or float(os.cpu_count() or 1)
             memory_mb = int(res.get("memory", 0) // (1 << 20)) or 1024

@@ -230,6 +230,10 @@ class ScriptedNodes:
                                         isolation)
         return nid
 
+    def drain(self, node_id: str) -> None:
+        """The node leaves discovery (no new work) while its runs in flight finish."""
+        self.nodes.pop(node_id)
+
     def kill(self, node_id: str) -> None:
         node = self.nodes.pop(node_id)
         node.dead = True

@@ -113,7 +113,7 @@ def _cluster_metrics(backend: ClusterBackend) -> list[Metric]:
         out.append(g)
     nodes = GaugeMetricFamily("sandloop_cluster_nodes", "cluster nodes by state",
                               labels=["state"])
-    for state in ("ready", "starting", "refused", "lost"):
+    for state in ("ready", "starting", "refused", "retiring", "lost"):
         nodes.add_metric([state], sum(1 for st in status if st.state == state))
     out.append(nodes)
     out.append(GaugeMetricFamily(
