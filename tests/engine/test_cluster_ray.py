@@ -351,3 +351,18 @@ async def test_a_drained_node_finishes_its_runs_and_gets_no_new_ones(
     # No new work after the next refresh (~1 s: at most a few runs per slot meanwhile).
     assert status[drained].runs <= runs_at_drain + 2 * 20, (status[drained], runs_at_drain)
     assert status[drained].state in ("lost", "retiring")
+
+
+def test_exec_batch_with_an_unreachable_ray_address_fails_fast_with_a_clear_error(
+        tmp_path: Path) -> None:
+    batch = tmp_path / "b.jsonl"
+    batch.write_text(json.dumps({"language": "python", "source": "print(1)"}) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "sandloop", "exec-batch", "--ray",
+                          f"127.0.0.1:{port}", str(batch)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert "cannot reach a Ray head" in run.stderr and time.monotonic() - t0 < 30

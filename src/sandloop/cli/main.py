@@ -17,6 +17,7 @@ from sandloop import _aio as aio
 from sandloop.cli.cluster import cluster_app, results_stdout
 from sandloop.cli.monitor import monitor_app
 from sandloop.engine import Engine
+from sandloop.engine.cluster import ClusterUnavailable
 from sandloop.sandbox import host
 from sandloop.sandbox.jailbuild import build_jail
 from sandloop.sandbox.languages import LanguageUnavailable, spec_for
@@ -195,8 +196,12 @@ def exec_batch(
     except BatchRequestError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
-    results = aio.run(_run_batch(requests, slots, _isolation(no_isolation), print_jsonl=not table,
-                                 ray=ray))
+    try:
+        results = aio.run(_run_batch(requests, slots, _isolation(no_isolation),
+                                     print_jsonl=not table, ray=ray))
+    except ClusterUnavailable as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from e
     if table:
         _print_table(requests, results)
     raise typer.Exit(0 if all(r.status is not Status.SANDBOX_ERROR for r in results) else 1)

@@ -17,6 +17,7 @@ from rich.table import Table
 from sandloop import _aio as aio
 from sandloop.cli.cluster import results_stdout
 from sandloop.engine import Engine
+from sandloop.engine.cluster import ClusterUnavailable
 from sandloop.reward.scoring import CompletionFileError, read_completions, score_all
 from sandloop.reward.verdicts import RewardConfig, ScoreSummary, summarize
 from sandloop.reward.verifier import CompletionResult, Verifier
@@ -148,6 +149,9 @@ def score_command(
     try:
         with results_stdout(ray_address is not None):
             results = aio.run(run())
+    except ClusterUnavailable as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        return 2
     finally:
         if store is not None:
             store.close()

@@ -84,6 +84,7 @@ def connect(address: str | None) -> tuple[Any, bool]:
         raise ClusterUnavailable(
             f"Ray address {address!r} is not HOST:PORT of a running cluster's head; "
             "sandloop never starts a private Ray (see docs/cluster.md)")
+    _check_reachable(address)
     try:
         # log_to_driver=False: the workers' output never reaches this process's stdout (the
         # CLI's JSON lines go there); Ray's own messages stay at WARNING, on stderr.
@@ -94,6 +95,18 @@ def connect(address: str | None) -> tuple[Any, bool]:
             f"cannot connect to the Ray cluster at {address}: {e}; start its head with "
             "'ray start --head --port=PORT' (see docs/cluster.md)") from e
     return ray, True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when nothing listens at ``address``: ray.init would retry for ever."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise ClusterUnavailable(
+            f"cannot reach a Ray head at {address!r} ({e}); give HOST:PORT of a running "
+            "cluster's head ('ray start --head --port=PORT'; see docs/cluster.md)") from e
 
 
 def _digest(data: bytes) -> str:
