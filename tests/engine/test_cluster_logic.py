@@ -83,6 +83,7 @@ async def test_admission_follows_nodes_that_join_and_leave() -> None:
                 break
             await asyncio.sleep(0.01)
         assert (adm.slots, adm.memory_mb, adm.cpus, adm.job_memory_mb) == (12, 20000, 6, 16000)
+        assert adm.reserve_slots == 1  # eval's reserve slot appears once there are 4+ slots
         r = await eng.run(Program(source="x"), Limits(memory_mb=8000))  # fits the new node only
         assert r.status is Status.OK
         nodes.kill(nid)
@@ -90,7 +91,7 @@ async def test_admission_follows_nodes_that_join_and_leave() -> None:
             if adm.slots == 4:
                 break
             await asyncio.sleep(0.01)
-        assert adm.slots == 4
+        assert adm.slots == 4 and adm.free_slots == 4
         with pytest.raises(ResourceTooLarge):  # no node is that large any more
             await eng.run(Program(source="x"), Limits(memory_mb=8000))
 
@@ -177,3 +178,28 @@ async def test_a_drained_node_finishes_its_runs_and_gets_no_new_ones() -> None:
     assert drained.calls <= calls_at_drain + 2 * 2
     assert "node0001" not in status or status["node0001"].state in ("lost", "retiring")
     assert drained.closed  # its pool closed once its last run was done
+
+
+def test_admission_resized_below_what_runs_admits_nothing_until_runs_end() -> None:
+    from dataclasses import dataclass
+
+    from sandloop.engine.scheduling import Admission
+
+    @dataclass
+    class Job:
+        memory_mb: int = 100
+        cpus: float = 1.0
+        priority: int = 0
+
+    adm = Admission(4, 1000, 4.0)
+    running = [Job() for _ in range(3)]
+    for j in running:
+        adm.acquire(j)
+    adm.resize(2, 500, 2.0, job_memory_mb=500, job_cpus=2.0)  # a node left mid-run
+    assert (adm.free_slots, adm.free_memory_mb, adm.free_cpus) == (-1, 200, -1.0)
+    assert not adm.fits(Job())
+    for j in running[:2]:
+        adm.release(j)
+    assert adm.free_slots == 1 and adm.fits(Job())
+    with pytest.raises(ResourceTooLarge):
+        adm.check(Job(memory_mb=600))  # larger than any node now

@@ -337,7 +337,11 @@ class Engine:
         adm.resize(cap.slots, cap.memory_mb, cap.cpus,
                    # With no node at all, keep the last bounds: jobs wait for a node to join.
                    job_memory_mb=cap.node_memory_mb or adm.job_memory_mb,
-                   job_cpus=cap.node_cpus or adm.job_cpus)
+                   job_cpus=cap.node_cpus or adm.job_cpus,
+                   # The default reserve (one slot for eval jobs from 4 slots up) follows the
+                   # cluster's size; one given explicitly stays.
+                   reserve_slots=None if self._reserve[0] is not None
+                   else (1 if cap.slots >= 4 else 0))
         if self._started and not self._closed:
             self._pump()
 

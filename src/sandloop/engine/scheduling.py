@@ -366,13 +366,17 @@ class Admission:
         self.free_cpus += job.cpus
 
     def resize(self, slots: int, memory_mb: int, cpus: float, *, job_memory_mb: int,
-               job_cpus: float) -> None:
+               job_cpus: float, reserve_slots: int | None = None) -> None:
         """Change the totals while jobs hold resources (a cluster's nodes joined or left).
 
         What running jobs hold stays held: free amounts move by the change in totals and may go
         negative (nothing is admitted until enough running jobs end). ``job_memory_mb`` and
         ``job_cpus`` bound one job (the largest node's). With no slots at all, jobs wait.
+        ``reserve_slots``: a new reserve (default: the one asked at creation), kept below
+        ``slots``.
         """
+        if reserve_slots is not None:
+            self._reserve_asked = reserve_slots
         self.free_slots += slots - self.slots
         self.free_memory_mb += memory_mb - self.memory_mb
         self.free_cpus += float(cpus) - self.cpus
