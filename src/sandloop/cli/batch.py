@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,7 +85,7 @@ def _key(req: ExecRequest) -> ResultKey:
 
 def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bool,
                        isolation: str, db: Path | None, no_db: bool, resume: bool,
-                       settings: Settings) -> int:
+                       settings: Settings, ray: str | None = None) -> int:
     """Run the batch; returns the exit code: 3 if a run hit a sandbox_error, else 2 if a line
     was invalid, else 0 (a program's own failure is a result, not an error)."""
     from sandloop import _aio as aio
@@ -118,12 +118,17 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
         except (StoreError, OSError) as e:
             _fail(f"result store {path}: {e}")
             return ExitCode.BAD_INPUT
+    from sandloop.engine.cluster import ClusterUnavailable
+
     interrupted = False
     try:
         aio.run(_run(lines, slots or settings.slots, isolation, store, resume=resume,
-                     strict=strict, settings=settings, print_jsonl=not table))
+                     strict=strict, settings=settings, print_jsonl=not table, ray=ray))
     except KeyboardInterrupt:
         interrupted = True
+    except ClusterUnavailable as e:
+        _fail(str(e))
+        return ExitCode.BAD_INPUT
     finally:
         if store is not None:
             store.close()
@@ -153,27 +158,43 @@ def _fail(message: str) -> None:
 
 
 async def _run(lines: list[Line], slots: int | None, isolation: str, store: ResultStore | None,
-               *, resume: bool, strict: bool, settings: Settings, print_jsonl: bool) -> None:
+               *, resume: bool, strict: bool, settings: Settings, print_jsonl: bool,
+               ray: str | None = None) -> None:
     """Vet the limits, take stored results (``resume``), run the rest through the engine, and
     print JSONL in input order as soon as each prefix is done."""
-    import asyncio
-    import contextlib
-
-    from sandloop.engine import Engine
-    from sandloop.sandbox.models import ExecResult, Status
+    from sandloop.cli.cluster import results_stdout
 
     printed = 0
+    out = sys.stdout  # the results' stream: stdout, kept apart from Ray's prints below
 
     def flush() -> None:
         nonlocal printed
         while printed < len(lines) and (lines[printed].result is not None
                                         or lines[printed].error is not None):
             if print_jsonl:
-                sys.stdout.write(lines[printed].to_json() + "\n")
-                sys.stdout.flush()
+                out.write(lines[printed].to_json() + "\n")
+                out.flush()
             printed += 1
 
-    async with Engine(slots=slots, isolation=isolation) as engine:
+    # On Ray, stdout carries the results only (Ray's driver prints its events there).
+    with results_stdout(ray is not None) as results:
+        out = results
+        await _run_on(lines, slots, isolation, store, ray=ray, resume=resume, strict=strict,
+                      settings=settings, flush=flush)
+
+
+async def _run_on(lines: list[Line], slots: int | None, isolation: str,
+                  store: ResultStore | None, *, ray: str | None, resume: bool, strict: bool,
+                  settings: Settings, flush: Callable[[], None]) -> None:
+    """The batch on an engine (local, or on the Ray cluster at ``ray``)."""
+    import asyncio
+    import contextlib
+
+    from sandloop.engine import Engine
+    from sandloop.sandbox.models import ExecResult, Status
+
+    async with Engine(slots=slots, isolation=isolation, cluster="ray" if ray else None,
+                      address=ray) as engine:
         for ln in lines:
             if ln.request is not None:
                 _check_limits(ln, settings, engine)

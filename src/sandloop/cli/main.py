@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sandloop.cli import output
+from sandloop.cli.cluster import cluster_app
 from sandloop.cli.env import app as env_app
 from sandloop.cli.episodes import episodes_app
 from sandloop.cli.exits import ExitCode, one_line, run_guarded
@@ -26,6 +27,7 @@ from sandloop.cli.options import (
     NoIsolation,
     Out,
     Preload,
+    RayAddress,
     Slots,
     TimeLimit,
     positive,
@@ -45,6 +47,7 @@ app = typer.Typer(
 )
 app.add_typer(monitor_app, name="monitor")
 app.add_typer(episodes_app, name="episodes")
+app.add_typer(cluster_app, name="cluster")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
@@ -277,6 +280,7 @@ def exec_batch(
     db: Db = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")] = False,
     no_isolation: NoIsolation = False,
+    ray: RayAddress = None,
 ) -> None:
     """Run many programs in parallel; print one ExecResult JSON per line, in input order.
 
@@ -287,7 +291,7 @@ def exec_batch(
 
     raise typer.Exit(exec_batch_command(
         file, slots=slots, table=table, strict=strict, isolation=_isolation(no_isolation),
-        db=db, no_db=no_db, resume=resume, settings=_settings()))
+        db=db, no_db=no_db, resume=resume, settings=_settings(), ray=ray))
 
 
 @app.command()
@@ -310,6 +314,7 @@ def score(
     group: Annotated[str | None, typer.Option("--group", help="Rollout group (a line's 'group' wins; default: the task id).")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Training run in the rollout log (default: default).")] = None,
     rollout_log: Annotated[Path | None, typer.Option("--rollout-log", help="Append the scored rollouts to this SQLite rollout log; default $SANDLOOP_ROLLOUT_LOG.")] = None,
+    ray: RayAddress = None,
 ) -> None:
     """Score model completions against a task set (pass@k, verdicts, JSONL out, resumable).
 
@@ -323,7 +328,8 @@ def score(
                                    tuple(k) if k else None, reward, reward_on, time_scale,
                                    slots or settings.slots, no_isolation, as_json,
                                    preload_extra=tuple(preload or ()), step=step, group=group,
-                                   run_id=run_id, rollout_log=rollout_log, settings=settings))
+                                   run_id=run_id, rollout_log=rollout_log, settings=settings,
+                                   ray_address=ray))
 
 
 @app.command()
@@ -371,6 +377,7 @@ def serve(
     rollout_log: Annotated[Path | None, typer.Option(
         "--rollout-log", help="SQLite log of the scored rollouts that come with a training step "
                               "(read by `sandloop monitor`).")] = None,
+    ray: RayAddress = None,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
     from sandloop.monitor.rolloutlog import RolloutLogError
@@ -384,7 +391,7 @@ def serve(
                       tuple(preload or ()), usage_db, max_sessions=max_sessions,
                       max_sessions_per_key=max_sessions_per_key,
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
-                      public_metrics=public_metrics, rollout_log=rollout_log)
+                      public_metrics=public_metrics, rollout_log=rollout_log, ray_address=ray)
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None

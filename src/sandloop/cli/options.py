@@ -92,6 +92,12 @@ def check_out_path(path: Path | None) -> Path | None:
     return path
 
 
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray", metavar="ADDRESS",
+                 help="Run on the Ray cluster whose head is at HOST:PORT (pip install "
+                      "'sandloop[ray]'; docs/cluster.md)."),
+]
 NoIsolation = Annotated[
     bool,
     typer.Option("--no-isolation",

@@ -15,9 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
+from sandloop.cli.cluster import results_stdout
 from sandloop.cli.exits import ExitCode, one_line
 from sandloop.cli.output import Progress, info
 from sandloop.engine import Engine
+from sandloop.engine.cluster import ClusterUnavailable
 from sandloop.errors import MonitorError
 from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.rolloutlog import RolloutLog
@@ -134,6 +136,7 @@ def score_command(
     run_id: str | None = None,
     rollout_log: Path | None = None,
     settings: Settings | None = None,
+    ray_address: str | None = None,
 ) -> int:
     """Score ``completions`` against ``tasks``; returns the process exit code.
 
@@ -184,7 +187,8 @@ def score_command(
         # Through the engine, like every surface: scheduling, admission, fairness and the retry
         # of infrastructure failures apply (a failure that persists is a null reward).
         async with Engine(slots=slots, isolation="none" if no_isolation else "full",
-                          preload=preload_with(preload_extra)
+                          preload=preload_with(preload_extra),
+                          cluster="ray" if ray_address else None, address=ray_address,
                           ) as engine:
             verifier = Verifier(engine.runner(priority=priority, client="score"), reward=reward,
                                 time_scale=time_scale)
@@ -200,12 +204,15 @@ def score_command(
                                        concurrency=4 * engine.backend.slots, on_result=done)
 
     try:
-        results = aio.run(run())
+        with results_stdout(ray_address is not None):
+            results = aio.run(run())
     except KeyboardInterrupt:
         info("scoring: interrupted"
              + (f"; finished results are kept in {store.path}: rerun the same command to "
                 "score only the rest" if store is not None else ""))
         return 130
+    except ClusterUnavailable as e:
+        return _fail(str(e))
     finally:
         if store is not None:
             store.close()

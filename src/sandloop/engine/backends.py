@@ -7,12 +7,32 @@ machine. A cluster backend (one pool per node, e.g. Ray actors) implements the s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
 
-__all__ = ["Backend", "LocalBackend", "WorkspaceLost"]
+__all__ = ["Backend", "Capacity", "ElasticBackend", "LocalBackend", "WorkspaceLost",
+           "declared_memory_mb"]
+
+_COMPILED: dict[str, bool] = {}
+
+
+def declared_memory_mb(program: Program, limits: Limits) -> int:
+    """The memory a run of ``program`` may use at its peak, as admission counts it.
+
+    A compiled language's compile step runs under its own (usually larger) memory limit.
+    """
+    compiled = _COMPILED.get(program.language)
+    if compiled is None:
+        try:
+            compiled = spec_for(program.language, ()).compile is not None
+        except Exception:  # unavailable language: the backend reports it as the result
+            compiled = False
+        _COMPILED[program.language] = compiled
+    return max(limits.memory_mb, limits.compile_memory_limit_mb) if compiled else limits.memory_mb
 
 
 @runtime_checkable
@@ -55,6 +75,31 @@ class Backend(Protocol):
     async def read_files(self, workspace: Any, paths: Sequence[str]) -> dict[str, bytes]: ...
 
     async def close_workspace(self, workspace: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend offers now: totals over its nodes, and the largest one node offers
+    (one job runs on one node, so it can never declare more than that)."""
+
+    slots: int
+    memory_mb: int
+    cpus: float
+    node_memory_mb: int
+    node_cpus: float
+
+
+@runtime_checkable
+class ElasticBackend(Backend, Protocol):
+    """A backend whose capacity changes while it runs (a cluster: nodes join and leave).
+
+    The engine admits jobs by ``capacity()`` instead of its local defaults, and calls it again
+    whenever the backend signals a change through the callback given to ``on_capacity``.
+    """
+
+    def capacity(self) -> Capacity: ...
+
+    def on_capacity(self, callback: Callable[[], None]) -> None: ...
 
 
 class LocalBackend:

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from sandloop.engine.backends import Backend, LocalBackend
+from sandloop.engine.backends import Backend, ElasticBackend, LocalBackend, declared_memory_mb
 from sandloop.engine.errors import (
     DeadlineExceeded,
     EngineClosed,
@@ -47,7 +47,6 @@ from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
-from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
@@ -90,21 +89,6 @@ def _host_memory_mb() -> int:
     except (OSError, ValueError, IndexError) as e:
         logger.debug("cannot read the host's memory size: %s", e)
     return 4096
-
-
-_COMPILED: dict[str, bool] = {}
-
-
-def _declared_memory_mb(program: Program, limits: Limits) -> int:
-    # A compiled language's compile step runs under its own (usually larger) memory limit.
-    compiled = _COMPILED.get(program.language)
-    if compiled is None:
-        try:
-            compiled = spec_for(program.language, ()).compile is not None
-        except Exception:  # unavailable language: the backend reports it as the result
-            compiled = False
-        _COMPILED[program.language] = compiled
-    return max(limits.memory_mb, limits.compile_memory_limit_mb) if compiled else limits.memory_mb
 
 
 @dataclass
@@ -259,8 +243,19 @@ class Engine:
         reserve_slots: int | None = None,
         reserve_cpus: float = 1.0,
         preload: Sequence[str] | None = None,
+        cluster: Literal["ray"] | None = None,
+        address: str | None = None,
     ) -> None:
         cores = os.cpu_count() or 1
+        if cluster is not None:
+            if backend is not None:
+                raise ValueError("pass either backend=... or cluster=..., not both")
+            if cluster != "ray":
+                raise ValueError(f"unknown cluster {cluster!r}; the one supported is 'ray'")
+            # Imported here: Ray is an optional extra (pip install 'sandloop[ray]').
+            from sandloop.engine.ray_backend import RayBackend
+
+            backend = RayBackend(address=address, isolation=isolation, preload=preload)
         if backend is None:
             # ``slots`` (default 2 x cores) warm slots; with ``min_slots``, only that many stay
             # warm and the pool grows to ``slots`` under demand (a new slot takes ~0.2 s).
@@ -289,6 +284,9 @@ class Engine:
         self._opening = 0
         self._cpus = float(cpus if cpus is not None else cores)
         self._memory_mb = memory_mb if memory_mb is not None else _host_memory_mb() * 3 // 4
+        # A cluster backend's capacity (its nodes' slots, memory and cores) replaces these
+        # local defaults, and follows nodes as they join and leave.
+        self._elastic = isinstance(backend, ElasticBackend)
         self._queue: FairQueue[_Job] = FairQueue(max_queued, max_bypass=max_bypass)
         self._admission: Admission | None = None
         self._reserve = (reserve_slots, reserve_cpus)
@@ -319,10 +317,18 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         await self.backend.start()
         slots = self.backend.slots
+        if self._elastic:
+            assert isinstance(self.backend, ElasticBackend)
+            cap = self.backend.capacity()
+            slots, self._memory_mb, self._cpus = max(1, cap.slots), cap.memory_mb, cap.cpus
         rs = self._reserve[0] if self._reserve[0] is not None else (1 if slots >= 4 else 0)
         self._admission = Admission(slots, self._memory_mb, self._cpus, reserve_slots=rs,
                                     reserve_cpus=self._reserve[1],
                                     reserve_priority=PRIORITIES["eval"])
+        if self._elastic:
+            assert isinstance(self.backend, ElasticBackend)
+            self._resize()
+            self.backend.on_capacity(self._resize)
         if self._journal_arg is not None:
             self.journal = (self._journal_arg if isinstance(self._journal_arg, Journal)
                             else await asyncio.to_thread(Journal, self._journal_arg))
@@ -358,6 +364,22 @@ class Engine:
         if self._started:
             await self.backend.close()
 
+    def _resize(self) -> None:
+        """The cluster's capacity changed (a node joined or left): admit by the new totals."""
+        assert isinstance(self.backend, ElasticBackend) and self._admission is not None
+        cap = self.backend.capacity()
+        adm = self._admission
+        adm.resize(cap.slots, cap.memory_mb, cap.cpus,
+                   # With no node at all, keep the last bounds: jobs wait for a node to join.
+                   job_memory_mb=cap.node_memory_mb or adm.job_memory_mb,
+                   job_cpus=cap.node_cpus or adm.job_cpus,
+                   # The default reserve (one slot for eval jobs from 4 slots up) follows the
+                   # cluster's size; one given explicitly stays.
+                   reserve_slots=None if self._reserve[0] is not None
+                   else (1 if cap.slots >= 4 else 0))
+        if self._started and not self._closed:
+            self._pump()
+
     async def __aenter__(self) -> Engine:
         await self.start()
         return self
@@ -389,7 +411,7 @@ class Engine:
         self._check_open()
         assert self._admission is not None
         limits = limits or _DEFAULT_LIMITS
-        self._admission.check(_Declared(0, "", _declared_memory_mb(program, limits), limits.cpus))
+        self._admission.check(_Declared(0, "", declared_memory_mb(program, limits), limits.cpus))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -415,7 +437,7 @@ class Engine:
             # larger share of the contended cores instead (cgroup CPU weight).
             limits = limits.model_copy(update={"cpu_weight": EVAL_CPU_WEIGHT})
         job = _Job(next(self._ids), program, limits, prio, client,
-                   _declared_memory_mb(program, limits), self._loop.create_future())
+                   declared_memory_mb(program, limits), self._loop.create_future())
         self._admission.check(job)
         job.key = key
         job.digest = digest or ""
@@ -821,7 +843,7 @@ class Engine:
         adm = self._admission
         queue = self._queue
         assert adm is not None and self._loop is not None
-        while adm.free_slots and len(queue):
+        while adm.free_slots > 0 and len(queue):
             job = queue.pop(adm.fits)
             if job is None:
                 return

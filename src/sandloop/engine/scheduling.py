@@ -298,8 +298,9 @@ class Admission:
     instead of waiting for a long low-priority run to end: runs cannot be preempted).
     """
 
-    __slots__ = ("cpus", "free_cpus", "free_memory_mb", "free_slots", "memory_mb",
-                 "reserve_cpus", "reserve_priority", "reserve_slots", "slots")
+    __slots__ = ("_reserve_asked", "cpus", "free_cpus", "free_memory_mb", "free_slots",
+                 "job_cpus", "job_memory_mb", "memory_mb", "reserve_cpus", "reserve_priority",
+                 "reserve_slots", "slots")
 
     def __init__(self, slots: int, memory_mb: int, cpus: float, *, reserve_slots: int = 0,
                  reserve_cpus: float = 0.0, reserve_priority: int = 100) -> None:
@@ -318,18 +319,24 @@ class Admission:
         self.free_slots = slots
         self.free_memory_mb = memory_mb
         self.free_cpus = float(cpus)
+        # The most one job may declare: the totals on one machine; one node's share on a
+        # cluster, where a job runs on a single node (see ``resize``).
+        self.job_memory_mb = memory_mb
+        self.job_cpus = float(cpus)
+        self._reserve_asked = reserve_slots
 
     def check(self, job: Demand) -> None:
         """Raise ResourceTooLarge when ``job`` could never be admitted."""
-        if job.memory_mb > self.memory_mb:
+        if job.memory_mb > self.job_memory_mb:
             raise ResourceTooLarge(
                 f"the job declares {job.memory_mb} MiB but the engine grants at most "
-                f"{self.memory_mb} MiB in total; lower Limits.memory_mb or raise "
-                "Engine(memory_mb=...)")
-        if job.cpus > self.cpus + 1e-9:
+                f"{self.job_memory_mb} MiB to one job; lower Limits.memory_mb, raise "
+                "Engine(memory_mb=...), or (on a cluster) add a node with more memory")
+        if job.cpus > self.job_cpus + 1e-9:
             raise ResourceTooLarge(
-                f"the job declares {job.cpus} CPUs but the engine grants at most {self.cpus}; "
-                "lower Limits.cpus or raise Engine(cpus=...)")
+                f"the job declares {job.cpus} CPUs but the engine grants at most "
+                f"{self.job_cpus} to one job; lower Limits.cpus, raise Engine(cpus=...), or "
+                "(on a cluster) add a node with more cores")
 
     def fits(self, job: Demand) -> bool:
         """Whether ``job`` can start now."""
@@ -357,6 +364,25 @@ class Admission:
         """Give back ``job``'s CPU early: its program has ended and only cleanup is left, so
         the next job's program can run meanwhile without sharing a core with it."""
         self.free_cpus += job.cpus
+
+    def resize(self, slots: int, memory_mb: int, cpus: float, *, job_memory_mb: int,
+               job_cpus: float, reserve_slots: int | None = None) -> None:
+        """Change the totals while jobs hold resources (a cluster's nodes joined or left).
+
+        What running jobs hold stays held: free amounts move by the change in totals and may go
+        negative (nothing is admitted until enough running jobs end). ``job_memory_mb`` and
+        ``job_cpus`` bound one job (the largest node's). With no slots at all, jobs wait.
+        ``reserve_slots``: a new reserve (default: the one asked at creation), kept below
+        ``slots``.
+        """
+        if reserve_slots is not None:
+            self._reserve_asked = reserve_slots
+        self.free_slots += slots - self.slots
+        self.free_memory_mb += memory_mb - self.memory_mb
+        self.free_cpus += float(cpus) - self.cpus
+        self.slots, self.memory_mb, self.cpus = slots, memory_mb, float(cpus)
+        self.job_memory_mb, self.job_cpus = job_memory_mb, float(job_cpus)
+        self.reserve_slots = min(self._reserve_asked, max(0, slots - 1))
 
     @property
     def idle(self) -> bool:

@@ -13,13 +13,19 @@ point a real workload at it.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import itertools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from sandloop.engine.backends import WorkspaceLost
+from sandloop.engine.cluster import NodeInfo, NodeLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
-__all__ = ["ScriptedBackend", "ScriptedWorkspace"]
+__all__ = ["ScriptedBackend", "ScriptedNodes", "ScriptedWorkspace"]
+
+T = TypeVar("T")
 
 Script = Callable[[Program, Limits], ExecResult | Awaitable[ExecResult]]
 
@@ -129,3 +135,120 @@ class ScriptedBackend:
 
     async def close_workspace(self, workspace: object) -> None:
         self._live(workspace).closed = True
+
+
+class _ScriptedNode:
+    __slots__ = ("backend", "dead", "inflight", "info", "isolation")
+
+    def __init__(self, info: NodeInfo, backend: ScriptedBackend, isolation: str) -> None:
+        self.info = info
+        self.backend = backend
+        self.isolation = isolation
+        self.dead = False
+        self.inflight: set[asyncio.Future[Any]] = set()
+
+
+class _ScriptedNodeClient:
+    """A NodeClient over one scripted node; raises NodeLost once the node is removed."""
+
+    def __init__(self, node: _ScriptedNode) -> None:
+        self._node = node
+
+    @property
+    def isolation(self) -> str:
+        return self._node.isolation
+
+    async def _guard(self, coro: Awaitable[T]) -> T:
+        node = self._node
+        if node.dead:
+            if inspect.iscoroutine(coro):
+                coro.close()
+            raise NodeLost(f"node {node.info.node_id} is gone")
+        task = asyncio.ensure_future(coro)
+        node.inflight.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if node.dead and (me is None or not me.cancelling()):
+                raise NodeLost(f"node {node.info.node_id} died during the call") from None
+            raise
+        finally:
+            node.inflight.discard(task)
+
+    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+        return await self._guard(self._node.backend.execute(program, limits))
+
+    async def open_workspace(self, limits: Limits) -> ScriptedWorkspace:
+        return await self._guard(self._node.backend.open_workspace(limits))
+
+    async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
+        return await self._guard(self._node.backend.run_in(workspace, program, limits))
+
+    async def write_files(self, workspace: Any, files: Mapping[str, str | bytes]) -> None:
+        await self._guard(self._node.backend.write_files(workspace, files))
+
+    async def read_files(self, workspace: Any, paths: Sequence[str]) -> dict[str, bytes]:
+        return await self._guard(self._node.backend.read_files(workspace, paths))
+
+    async def close_workspace(self, workspace: Any) -> None:
+        await self._guard(self._node.backend.close_workspace(workspace))
+
+    async def close(self) -> None:
+        await self._node.backend.close()
+
+
+class ScriptedNodes:
+    """A ``cluster.NodeSource`` of in-process nodes, each answered by a ``ScriptedBackend``.
+
+    For testing ``ClusterBackend`` (placement, joins, node loss, pinned sessions) and simulating
+    large clusters without machines: ``add`` a node (it is discovered at the next refresh),
+    ``kill`` one (calls in flight on it raise ``NodeLost``, an injected fault, and it is gone
+    from discovery). ``isolation="unavailable"`` adds a node that cannot isolate.
+    """
+
+    def __init__(self, script: Script = _always_ok, *, nodes: int = 0, cpus: float = 1.0,
+                 memory_mb: int = 4096, slots_per_cpu: float = 2.0) -> None:
+        self._script = script
+        self._cpus = cpus
+        self._memory_mb = memory_mb
+        self._slots_per_cpu = slots_per_cpu
+        self._ids = itertools.count(1)
+        self.nodes: dict[str, _ScriptedNode] = {}
+        self.attached: list[str] = []
+        for _ in range(nodes):
+            self.add()
+
+    def add(self, *, cpus: float | None = None, memory_mb: int | None = None,
+            isolation: str = "full", address: str = "127.0.0.1") -> str:
+        cpus = self._cpus if cpus is None else cpus
+        nid = f"node{next(self._ids):04d}"
+        slots = max(1, int(cpus * self._slots_per_cpu))
+        info = NodeInfo(nid, address, cpus,
+                        self._memory_mb if memory_mb is None else memory_mb, slots)
+        self.nodes[nid] = _ScriptedNode(info, ScriptedBackend(self._script, slots=slots),
+                                        isolation)
+        return nid
+
+    def drain(self, node_id: str) -> None:
+        """The node leaves discovery (no new work) while its runs in flight finish."""
+        self.nodes.pop(node_id)
+
+    def kill(self, node_id: str) -> None:
+        node = self.nodes.pop(node_id)
+        node.dead = True
+        for task in list(node.inflight):
+            task.cancel()
+
+    async def connect(self) -> None:
+        return None
+
+    async def discover(self) -> list[NodeInfo]:
+        return [n.info for n in self.nodes.values()]
+
+    async def attach(self, node: NodeInfo) -> _ScriptedNodeClient:
+        self.attached.append(node.node_id)
+        return _ScriptedNodeClient(self.nodes[node.node_id])
+
+    async def disconnect(self) -> None:
+        return None

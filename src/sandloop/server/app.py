@@ -82,7 +82,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = Engine(slots=config.slots, isolation=config.isolation,
                     journal=config.journal, preload=config.preload,
                     max_sessions=config.max_sessions,
-                    session_memory_mb=config.session_memory_mb)
+                    session_memory_mb=config.session_memory_mb,
+                    cluster="ray" if config.ray_address else None,
+                    address=config.ray_address)
     await engine.start()
     for pol in st.keys.policies():
         engine.configure_client(pol.id, weight=pol.record.weight)

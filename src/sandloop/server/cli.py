@@ -53,6 +53,7 @@ def serve_command(
     public_docs: bool = False,
     public_metrics: bool = False,
     rollout_log: Path | None = None,
+    ray_address: str | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
@@ -77,7 +78,8 @@ def serve_command(
                           preload=preload_with(preload_extra), max_sessions=max_sessions,
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
-                          public_metrics=public_metrics, rollout_log=rollout_log)
+                          public_metrics=public_metrics, rollout_log=rollout_log,
+                          ray_address=ray_address)
     check_config(config)
     configure_logging(log_level)
     sock = bind(host, port)

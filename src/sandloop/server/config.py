@@ -50,6 +50,7 @@ class ServerConfig:
     # With API keys on, /openapi.json, /docs, /redoc and /metrics need a key unless opened here.
     public_docs: bool = False
     public_metrics: bool = False
+    ray_address: str | None = None  # HOST:PORT of a Ray cluster's head: run jobs there
 
 
 # Settings that must be positive (a size or count of zero would refuse every request) and those

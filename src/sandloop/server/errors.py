@@ -39,6 +39,7 @@ from sandloop.engine import (
     SessionLimit,
     SessionLost,
 )
+from sandloop.engine.cluster import ClusterUnavailable, NodeLost
 from sandloop.engine.journal import JournalError
 from sandloop.envs.errors import EnvBuildError, EnvNotFound, SpecError
 from sandloop.episodes.episode import EpisodeFinished
@@ -176,6 +177,8 @@ STATUS: Mapping[type[Exception], HttpError] = {
     EngineClosed: HttpError(503, "unavailable", 1.0,
                             hint=" (the server is starting or shutting down; retry)"),
     JournalError: HttpError(503, "journal_unavailable", 1.0),
+    ClusterUnavailable: HttpError(503, "cluster_unavailable", 5.0),
+    NodeLost: HttpError(503, "node_lost", 1.0),
     UsageLedgerError: HttpError(503, "quota_ledger_unavailable", 1.0),
     DeadlineExceeded: HttpError(504, "deadline_exceeded"),
     # -- this server cannot do it ----------------------------------------------------------------

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sandloop.engine.cluster import ClusterBackend
+
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
@@ -81,7 +83,48 @@ class _EngineCollector(Collector):
             ("sandloop_engine_completed", "jobs completed since start", s.completed),
         ):
             out.append(GaugeMetricFamily(name, doc, value=value))
+        if isinstance(engine.backend, ClusterBackend):
+            out.extend(_cluster_metrics(engine.backend))
         return out
+
+
+def _cluster_metrics(backend: ClusterBackend) -> list[Metric]:
+    """Per-node gauges of a cluster engine (labelled by Ray node id and address)."""
+    per_node = (
+        ("sandloop_cluster_node_slots", "slots of the node's pool", "slots"),
+        ("sandloop_cluster_node_running", "runs in flight on the node", "running"),
+        ("sandloop_cluster_node_queued", "runs placed on the node waiting for a slot",
+         "queued"),
+        ("sandloop_cluster_node_runs", "runs finished on the node since the engine started",
+         "runs"),
+        ("sandloop_cluster_node_failures",
+         "infrastructure failures on the node (sandbox_error results, loss)", "failures"),
+        ("sandloop_cluster_node_runs_per_second", "runs/s on the node over the last 10 s",
+         "runs_per_s"),
+        ("sandloop_cluster_node_free_memory_mb", "declared memory free on the node",
+         "free_memory_mb"),
+    )
+    status = backend.status()
+    out: list[Metric] = []
+    for name, doc, attr in per_node:
+        g = GaugeMetricFamily(name, doc, labels=["node", "address", "state"])
+        for st in status:
+            g.add_metric([st.node_id, st.address, st.state], float(getattr(st, attr)))
+        out.append(g)
+    nodes = GaugeMetricFamily("sandloop_cluster_nodes", "cluster nodes by state",
+                              labels=["state"])
+    for state in ("ready", "starting", "refused", "retiring", "lost"):
+        nodes.add_metric([state], sum(1 for st in status if st.state == state))
+    out.append(nodes)
+    out.append(GaugeMetricFamily(
+        "sandloop_cluster_fragmentation",
+        "share of free memory stranded on nodes with no free slot (0: all usable)",
+        value=backend.fragmentation()))
+    out.append(GaugeMetricFamily(
+        "sandloop_cluster_stranded_memory_mb",
+        "free memory on nodes with no free slot (unusable until a run ends)",
+        value=backend.stranded_memory_mb()))
+    return out
 
 
 class Metrics:
