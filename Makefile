@@ -8,7 +8,14 @@ DEB_STAMP := $(VENV)/.deb-installed
 # each run uses to isolate itself); libseccomp2: the seccomp filter compiler.
 DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2
 
-.PHONY: demo test test-slow lint bench deps clean
+# The training environment (`sandloop train`, tests/train): torch pinned first, so that pip picks
+# the CPU wheel here instead of the CUDA build (~3 GB), then the train extra.
+TVENV := .venv-train
+TVPY := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test test-slow lint bench deps clean train-env
 
 $(DEB_STAMP):
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -27,6 +34,16 @@ $(STAMP): pyproject.toml | $(DEB_STAMP)
 	$(VPY) -m pip install -q --no-deps 'verl>=0.4' 'openrlhf>=0.11.2,<0.12' 'trl>=1.16,<2'
 	@touch $@
 
+$(TSTAMP): pyproject.toml | $(DEB_STAMP)
+	@test -x $(TVPY) || $$(command -v python3.11 || command -v python3) -m venv $(TVENV)
+	$(TVPY) -m pip install -q --upgrade pip
+	$(TVPY) -m pip install -q '$(TORCH_PIN)'
+	$(TVPY) -m pip install -q -e '.[train,dev]'
+	@touch $@
+
+.venv-train: $(TSTAMP)
+train-env: $(TSTAMP)
+
 deps: $(STAMP)
 
 demo: $(STAMP)
@@ -34,10 +51,13 @@ demo: $(STAMP)
 	$(VENV)/bin/sandloop exec-batch --table examples/demo_batch.jsonl
 	$(VENV)/bin/sandloop demo
 
-test: $(STAMP)
+test: $(STAMP) $(TSTAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
 	$(VPY) -m pytest -q
+	# The closed loop (tests/train) in its own environment; one thread per process: the loop and
+	# its sandboxes share the cores, and two threads on a busy 2-core machine ran 6x slower.
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(TVPY) -m pytest -q tests/train
 	# The sandbox and adversarial suites again, with the children's isolation steps in Python
 	# (the fallback for hosts without a C compiler) instead of the C helper.
 	SANDLOOP_JAIL=python $(VPY) -m pytest -q tests/sandbox tests/security
@@ -56,4 +76,4 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) $(TVENV) build src/*.egg-info

@@ -316,6 +316,9 @@ def add_key(
         raise typer.Exit(2) from e
 
 
+app.command("train")(__import__("sandloop.cli.train", fromlist=["train"]).train)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

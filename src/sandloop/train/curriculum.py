@@ -27,7 +27,7 @@ class Curriculum(Protocol):
         ...
 
     def update(self, step: int, rewards: Mapping[str, Sequence[float | None]]) -> None:
-        """The rewards each task's group got at ``step`` (``None``: infrastructure failure)."""
+        """The rewards of ``step``'s groups, by task id (``None``: infrastructure failure)."""
         ...
 
     def dropped(self) -> int:
@@ -46,25 +46,32 @@ def tier_of(task: Task) -> int:
 
 
 class TieredCurriculum:
-    """Easy tiers first; the next tier opens when the open ones pass often enough.
+    """Easy tiers first, the easier ones kept in the mix; zero-variance groups steered away from.
 
-    Within the open tiers a task is drawn with weight ``p(1-p) + floor`` where ``p`` is its pass
-    rate (``prior`` before it was tried): tasks the policy always or never solves give GRPO no
-    signal, so they are drawn rarely; ``floor`` keeps every task reachable. A task whose whole
-    group got the same reward is counted as a dropped group.
+    The next tier opens when the newest open tier's recent groups pass often enough: an
+    exponential average (weight ``alpha``) of its groups' mean rewards ≥ ``unlock_at`` after at
+    least ``min_groups`` groups. Within the open tiers a task is drawn with weight 1, or
+    ``dropped_weight`` while its last group had zero variance (every completion got the same
+    reward, so GRPO had no signal there: always solved or never); such groups are counted.
     """
 
-    def __init__(self, tasks: Sequence[Task], *, seed: int = 0, unlock_at: float = 0.5,
-                 floor: float = 0.02, prior: float = 0.5, min_tried: int = 8) -> None:
+    def __init__(self, tasks: Sequence[Task], *, seed: int = 0, unlock_at: float = 0.4,
+                 min_groups: int = 3, alpha: float = 0.3, dropped_weight: float = 0.25) -> None:
         if not tasks:
             raise ValueError("the curriculum needs at least one training task")
         self.tiers: dict[int, list[str]] = {}
+        self.tier: dict[str, int] = {}
         for t in tasks:
             self.tiers.setdefault(tier_of(t), []).append(t.id)
+            self.tier[t.id] = tier_of(t)
         self.order = sorted(self.tiers)
         self.open = 1
-        self.unlock_at, self.floor, self.prior, self.min_tried = unlock_at, floor, prior, min_tried
+        self.unlock_at, self.min_groups, self.alpha = unlock_at, min_groups, alpha
+        self.dropped_weight = dropped_weight
         self.rng = random.Random(seed)
+        self._flat: set[str] = set()
+        self._recent: dict[int, float] = {}
+        self._seen: dict[int, int] = {}
         self._dropped = 0
         self._groups = 0
 
@@ -73,28 +80,34 @@ class TieredCurriculum:
         return self.order[:self.open]
 
     def draw(self, n: int, pass_rates: Mapping[str, float]) -> list[str]:
-        self._maybe_unlock(pass_rates)
         pool = [tid for tier in self.open_tiers() for tid in self.tiers[tier]]
-        weights = []
-        for tid in pool:
-            p = pass_rates.get(tid, self.prior)
-            weights.append(p * (1 - p) + self.floor)
+        weights = [self.dropped_weight if tid in self._flat else 1.0 for tid in pool]
         return self.rng.choices(pool, weights=weights, k=n)
 
-    def _maybe_unlock(self, pass_rates: Mapping[str, float]) -> None:
-        while self.open < len(self.order):
-            ids = [tid for tier in self.open_tiers() for tid in self.tiers[tier]]
-            seen = [pass_rates[t] for t in ids if t in pass_rates]
-            if len(seen) < self.min_tried or sum(seen) / len(seen) < self.unlock_at:
-                return
-            self.open += 1
-
     def update(self, step: int, rewards: Mapping[str, Sequence[float | None]]) -> None:
-        for values in rewards.values():
+        for tid, values in rewards.items():
             known = [r for r in values if r is not None]
             self._groups += 1
+            if not known:
+                continue
             if len(known) > 1 and max(known) == min(known):
                 self._dropped += 1
+                self._flat.add(tid)
+            else:
+                self._flat.discard(tid)
+            tier = self.tier.get(tid)
+            if tier is None:
+                continue
+            mean = sum(known) / len(known)
+            old = self._recent.get(tier)
+            self._recent[tier] = mean if old is None else (1 - self.alpha) * old + self.alpha * mean
+            self._seen[tier] = self._seen.get(tier, 0) + 1
+        while self.open < len(self.order):
+            newest = self.order[self.open - 1]
+            if (self._seen.get(newest, 0) < self.min_groups
+                    or self._recent.get(newest, 0.0) < self.unlock_at):
+                break
+            self.open += 1
 
     def dropped(self) -> int:
         return self._dropped

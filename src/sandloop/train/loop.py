@@ -60,6 +60,7 @@ class TrainConfig:
     prompts_per_step: int = 4
     num_generations: int = 8
     learning_rate: float = 1e-3
+    lr_scheduler: str = "constant"
     temperature: float = 1.0
     max_completion_length: int = 32
     sft_steps: int = 60
@@ -91,7 +92,7 @@ class _RecordingScorer(Scorer):
         return self.last
 
 
-class CurriculumSampler(Sampler[int]):
+class CurriculumSampler(Sampler[int]):  # type: ignore[misc]
     """Yields dataset indices for TRL: per step, ``prompts`` tasks drawn from the curriculum, each
     repeated ``generations`` times (one GRPO group). Draws happen lazily, so each step's draw sees
     the pass rates observed up to then (TRL's data loader may fetch one step ahead)."""
@@ -157,7 +158,8 @@ def _load_model(cfg: TrainConfig, train_tasks: Sequence[Task],
     if cfg.model == "tiny":
         tok = char_tokenizer()
         model = build_tiny(cfg.seed, tok, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers)
-        pairs = [(t.prompt, t.reference_solution) for t in train_tasks if t.reference_solution]
+        pairs = [(t.prompt, t.reference_solution, tier_of(t)) for t in train_tasks
+                 if t.reference_solution]
         if not pairs:
             raise TrainError("--model tiny needs reference solutions in the training split for "
                              "its warm-up; use a task set with reference_solution fields")
@@ -273,14 +275,11 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
                                                         strict=True)):
                 group = step * cfg.prompts_per_step + i // g
                 rollouts.write(rollout_record(step, tid, text, res, group=group, reward=r))
-                groups.setdefault(f"{group}:{tid}", []).append(r)
+                groups.setdefault(tid, []).append(r)
                 rows.append(AuditRow(step, tid, text, r))
-            by_task: dict[str, list[float | None]] = {}
-            for key, vals in groups.items():
-                by_task.setdefault(key.split(":", 1)[1], []).extend(vals)
             dropped_before = cur.dropped()
             cur.update(step, groups)
-            for tid, vals in by_task.items():
+            for tid, vals in groups.items():
                 known = [v for v in vals if v is not None]
                 if known:
                     mean = sum(known) / len(known)
@@ -337,7 +336,7 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
             per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
             num_generations=cfg.num_generations, gradient_accumulation_steps=1,
             max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
-            learning_rate=cfg.learning_rate, beta=0.0, logging_steps=1, save_strategy="no",
+            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, beta=0.0, logging_steps=1, save_strategy="no",
             report_to="none", disable_dropout=True, bf16=False, dataloader_num_workers=0,
             remove_unused_columns=False,
         )

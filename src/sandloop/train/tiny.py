@@ -56,10 +56,11 @@ def prompt_text(prompt: str) -> str:
     return prompt + "\n"
 
 
-def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, steps: int,
-               seed: int, lr: float = 3e-3, batch_size: int = 32) -> list[float]:
-    """Teacher-forced training on (prompt, completion) pairs, loss on the completion and its
-    ``<eos>`` only. Returns the loss of each step. Deterministic for a given seed."""
+def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str, int]], *,
+               steps: int, seed: int, lr: float = 3e-3, batch_size: int = 32) -> list[float]:
+    """Teacher-forced training on (prompt, completion, stratum) triples, loss on the completion
+    and its ``<eos>`` only; each example's stratum (a tier) is drawn uniformly first, so a large
+    tier does not crowd out a small one. Returns the loss of each step. Deterministic."""
     if steps <= 0 or not pairs:
         return []
     rng = random.Random(seed)
@@ -67,15 +68,16 @@ def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
-    encoded = []
-    for prompt, completion in pairs:
+    strata: dict[int, list[tuple[list[int], list[int]]]] = {}
+    for prompt, completion, stratum in pairs:
         p = tokenizer(prompt_text(prompt), add_special_tokens=False)["input_ids"]
         c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [eos]
-        encoded.append((p, c))
+        strata.setdefault(stratum, []).append((p, c))
+    keys = sorted(strata)
     losses: list[float] = []
     model.train()
     for _ in range(steps):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        batch = [rng.choice(strata[rng.choice(keys)]) for _ in range(batch_size)]
         width = max(len(p) + len(c) for p, c in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -89,6 +91,6 @@ def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, 
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
     model.eval()
     return losses

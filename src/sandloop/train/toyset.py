@@ -16,6 +16,7 @@ bundled as ``sandloop/data/toy_curriculum.jsonl``; a test checks that the two ag
 from __future__ import annotations
 
 import hashlib
+import operator
 from importlib import resources
 from pathlib import Path
 
@@ -26,10 +27,10 @@ __all__ = ["TOY_SET", "build_toy_tasks", "toy_path", "weaken"]
 TOY_SET = "toy"
 _EVAL_EVERY = 5  # one task in five is held out for evaluation
 _LIMITS = TaskLimits(time_s=2.0, memory_mb=128)
-_OPS = (("sum", "+", lambda a, b: a + b), ("product", "*", lambda a, b: a * b),
-        ("difference", "-", lambda a, b: a - b))
-_FUNC_OPS = (("plus", "+", lambda x, k: x + k), ("times", "*", lambda x, k: x * k),
-             ("minus", "-", lambda x, k: x - k))
+_OPS = (("sum", "+", operator.add), ("product", "*", operator.mul),
+        ("difference", "-", operator.sub))
+_FUNC_OPS = (("plus", "+", operator.add), ("times", "*", operator.mul),
+             ("minus", "-", operator.sub))
 
 
 def _split(task_id: str) -> str:
@@ -41,7 +42,7 @@ def _stdio(tid: str, tier: int, prompt: str, ref: str, out: str) -> Task:
     return Task(id=tid, prompt=prompt, reference_solution=ref, test_kind="stdio",
                 public_tests=(IOTest(name="out", expected_stdout=out + "\n"),),
                 limits=_LIMITS, difficulty=float(tier), tags=(f"tier{tier}",),
-                split=_split(tid), source=TOY_SET)  # type: ignore[arg-type]
+                split=_split(tid), source=TOY_SET)
 
 
 def build_toy_tasks() -> list[Task]:
@@ -64,7 +65,7 @@ def build_toy_tasks() -> list[Task]:
                 id=tid, prompt=f"f returns x {name} {k}", entry_point="f", test_kind="function",
                 reference_solution=f"def f(x): return x{sym}{k}",
                 public_tests=(tests[0],), hidden_tests=tuple(tests[1:]), limits=_LIMITS,
-                difficulty=3.0, tags=("tier3",), split=_split(tid),  # type: ignore[arg-type]
+                difficulty=3.0, tags=("tier3",), split=_split(tid),
                 source=TOY_SET))
     return tasks
 
