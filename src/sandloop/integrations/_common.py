@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 from sandloop.integrations.scorer import Scorer
 from sandloop.reward import CompletionResult, RewardConfig
 
-__all__ = ["InfraFailure", "default_scorer", "pass_fraction", "reward_of"]
+__all__ = ["InfraFailure", "close_default_scorers", "default_scorer", "pass_fraction",
+           "reward_of"]
 
 _scorers: dict[tuple[Any, ...], Scorer] = {}
 _lock = threading.Lock()
@@ -35,10 +37,22 @@ def default_scorer(url: str | None = None, api_key: str | None = None,
     with _lock:
         s = _scorers.get(key)
         if s is None:
+            if not _scorers:
+                atexit.register(close_default_scorers)
             s = Scorer(url=url, api_key=api_key, task_sets=task_sets,
                        reward=RewardConfig.model_validate({"mode": mode}))
             _scorers[key] = s
         return s
+
+
+def close_default_scorers() -> None:
+    """Close every scorer :func:`default_scorer` made (their engines and slots); registered to
+    run at interpreter exit, so adapters used without an explicit close leave nothing behind."""
+    with _lock:
+        scorers = list(_scorers.values())
+        _scorers.clear()
+    for s in scorers:
+        s.close()
 
 
 def pass_fraction(r: CompletionResult) -> float:
