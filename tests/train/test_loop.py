@@ -22,10 +22,13 @@ pytest.importorskip("trl")
 from sandloop.train.audit import REWARD_HACK
 from sandloop.train.loop import TrainConfig, run_training
 
-STEPS = 40
+STEPS = 60
+WEAK_STEPS = 15
 BASE: dict[str, Any] = {"steps": STEPS, "seed": 0, "eval_samples": 2}
 
-pytestmark = pytest.mark.timeout(900)
+BASE_CFG = TrainConfig(out=Path("."), **BASE)
+
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -42,14 +45,18 @@ def proper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run(tmp_path_factory.mktemp("proper"))
 
 
+# The control and the hack demonstration start from the proper run's warm-up checkpoint (the same
+# model: same seed, same SFT), loaded as a local model directory (--model PATH).
 @pytest.fixture(scope="module")
-def control(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("control"), shuffle_rewards=True)
+def control(proper: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("control"), model=str(proper / "checkpoints" / "sft"),
+                shuffle_rewards=True)
 
 
 @pytest.fixture(scope="module")
-def weak(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("weak"), reward="weak")
+def weak(proper: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("weak"), model=str(proper / "checkpoints" / "sft"),
+                reward="weak", steps=WEAK_STEPS, eval_limit=20)
 
 
 def _reward_means(run: Path) -> list[float]:
@@ -65,14 +72,15 @@ def test_run_directory(proper: Path) -> None:
         assert isinstance(m["reward_mean"], float)
         assert m["generation_s"] >= 0 and m["sandbox_s"] > 0 and m["update_s"] >= 0
     rollouts = _lines(proper / "rollouts.jsonl")
-    assert len(rollouts) == STEPS * 32
+    per_step = BASE_CFG.prompts_per_step * BASE_CFG.num_generations
+    assert len(rollouts) == STEPS * per_step
     for r in rollouts[:64]:
         assert isinstance(r["step"], int) and isinstance(r["task_id"], str)
         assert isinstance(r["completion"], str) and isinstance(r["reward"], float)
         assert r["verdict"] in {"passed", "wrong_answer", "runtime_error", "timeout",
                                 "memory_limit", "compile_error"}
-        assert r["public_total"] >= 1 and r["group"] in (0, 1, 2, 3)
-    assert {r["group"] for r in rollouts} == set(range(STEPS * 4))
+        assert r["public_total"] >= 1 and 0 <= r["group"] < STEPS * BASE_CFG.prompts_per_step
+    assert {r["group"] for r in rollouts} == set(range(STEPS * BASE_CFG.prompts_per_step))
     ev = json.loads((proper / "eval.json").read_text())
     for side in ("before", "after"):
         lo, hi = ev[side]["ci95"]
@@ -119,6 +127,7 @@ def test_weak_reward_is_gamed_and_the_audit_alerts(weak: Path) -> None:
     means = _reward_means(weak)
     audits = [m["step"] for m in metrics if "audit_reward_mean" in m]
     high = [s for s in audits if sum(means[s - 4:s + 1]) / 5 >= 0.6]
+    assert audits == list(range(4, WEAK_STEPS, 5))
     assert high and first["step"] == high[0], (first, high)
     # the policy games the weak reward: training reward high, proper pass rate far below it
     assert sum(means[-10:]) / 10 >= 0.6

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +89,19 @@ def test_pass_rate_ci() -> None:
     assert 0.0 <= lo < 0.5 < hi <= 1.0
     assert pass_rate_ci([1.0, 1.0])["ci95"] == [1.0, 1.0]
     assert pass_rate_ci([])["pass_rate"] is None
+
+
+def test_train_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("the train extra is installed here")
+    r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--out",
+                        str(tmp_path / "run"), "--steps", "1"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert "pip install 'sandloop[train]'" in r.stderr
+
+
+def test_help_lists_train_without_importing_torch() -> None:
+    code = ("import sys; from sandloop.cli.main import app; "
+            "assert 'torch' not in sys.modules and 'trl' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

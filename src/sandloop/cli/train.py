@@ -12,10 +12,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 __all__ = ["train"]
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def train(
@@ -43,7 +44,7 @@ def train(
         from sandloop.train.loop import TrainConfig, TrainError, run_training
     except ImportError as e:
         err.print(f"[red]error:[/] sandloop train needs the train extra ({e.name} is missing): "
-                  "pip install 'sandloop[train]' (or `make .venv-train`)")
+                  + escape("pip install 'sandloop[train]' (or `make .venv-train`)"))
         raise typer.Exit(2) from e
     cfg = TrainConfig(out=out, model=model, steps=steps, seed=seed, tasks=tasks,
                       reward=reward,  # type: ignore[arg-type]
@@ -54,6 +55,6 @@ def train(
     try:
         summary = run_training(cfg)
     except TrainError as e:
-        err.print(f"[red]error:[/] {e}")
+        err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     print(json.dumps(summary))
