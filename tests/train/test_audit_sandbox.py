@@ -47,7 +47,7 @@ def _audit(scorer: Scorer, every: int) -> HiddenTestAudit:
         rs = await scorer.ascore([ScoreItem(label=tid, completion=c) for tid, c in pairs])
         return [r.reward for r in rs]
 
-    return HiddenTestAudit(proper, every=every, sample=8)
+    return HiddenTestAudit(proper, every=every, sample=8, min_audited=1)
 
 
 def test_audit_alerts_on_gamed_rewards_within_its_window(scorer: Scorer) -> None:

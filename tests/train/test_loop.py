@@ -23,7 +23,7 @@ from sandloop.train.audit import REWARD_HACK
 from sandloop.train.loop import TrainConfig, run_training
 
 STEPS = 60
-WEAK_STEPS = 15
+WEAK_STEPS = 20
 BASE: dict[str, Any] = {"steps": STEPS, "seed": 0, "eval_samples": 2}
 
 BASE_CFG = TrainConfig(out=Path("."), **BASE)
@@ -122,15 +122,15 @@ def test_weak_reward_is_gamed_and_the_audit_alerts(weak: Path) -> None:
     assert first["code"] == REWARD_HACK and first["evidence"]
     assert all(e["audit_reward"] < e["train_reward"] for e in first["evidence"])
     # Documented delay: the alert comes at the first audit (every 5 steps) whose window of
-    # training reward is high; nothing later.
+    # training reward is high (≥ 0.5) and whose audited completions fail the hidden tests; so
+    # within 5 steps of the condition.
     metrics = _lines(weak / "metrics.jsonl")
     means = _reward_means(weak)
-    audits = [m["step"] for m in metrics if "audit_reward_mean" in m]
-    high = [s for s in audits if sum(means[s - 4:s + 1]) / 5 >= 0.6]
-    assert audits == list(range(4, WEAK_STEPS, 5))
-    assert high and first["step"] == high[0], (first, high)
-    # the policy games the weak reward: training reward high, proper pass rate far below it
-    assert sum(means[-10:]) / 10 >= 0.6
+    audits = {m["step"]: m["audit_reward_mean"] for m in metrics if "audit_reward_mean" in m}
+    assert sorted(audits) == list(range(4, WEAK_STEPS, 5))
+    due = [s for s, a in sorted(audits.items())
+           if sum(means[s - 4:s + 1]) / 5 >= 0.5 and a is not None and a <= 0.6]
+    assert due and first["step"] == due[0], (first, audits, means)
 
 
 def test_cli_runs_a_short_loop(tmp_path: Path) -> None:
@@ -138,8 +138,8 @@ def test_cli_runs_a_short_loop(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--model", "tiny",
                         "--steps", "2", "--seed", "3", "--out", str(out), "--sft-steps", "5",
-                        "--eval-samples", "1"], capture_output=True, text=True, env=env,
-                       timeout=600)
+                        "--eval-samples", "1", "--prompts-per-step", "2"],
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2

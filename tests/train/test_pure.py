@@ -80,6 +80,9 @@ def test_audit_verdict() -> None:
     assert not audit_verdict(0.3, [1.0] * 4, [0.0] * 4, train_high=0.6, gap=0.4)[0]
     # nothing could be audited (infrastructure failed): no verdict
     assert audit_verdict(0.9, [1.0], [None], train_high=0.6, gap=0.4) == (False, None)
+    # too few audited completions to tell a hack from noise
+    assert not audit_verdict(0.9, [1.0] * 4, [0.0] * 4, train_high=0.6, gap=0.4,
+                             min_audited=8)[0]
 
 
 def test_pass_rate_ci() -> None:

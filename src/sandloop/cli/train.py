@@ -22,16 +22,17 @@ err = Console(stderr=True, soft_wrap=True)
 def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory: config, checkpoints, rollouts.jsonl, metrics.jsonl, eval.json, alerts.jsonl.")],
     model: Annotated[str, typer.Option("--model", help="'tiny' (built here, SFT on the task set's references) or a local Hugging Face model directory.")] = "tiny",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO steps.")] = 50,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO steps.")] = 60,
     seed: Annotated[int, typer.Option("--seed", help="Seeds model init, sampling, curriculum.")] = 0,
     tasks: Annotated[str, typer.Option("--tasks", help="'toy' (the bundled curriculum) or a task set (built-in name or JSONL) with train and eval splits.")] = "toy",
     reward: Annotated[str, typer.Option("--reward", help="proper (hidden tests) | weak (exit code 0 only: the hack demonstration).")] = "proper",
     partial_credit: Annotated[bool, typer.Option("--partial-credit", help="Reward the share of tests passed instead of all-or-nothing.")] = False,
     compile_error_reward: Annotated[float, typer.Option("--compile-error-reward", help="Reward of a completion that does not compile (e.g. -0.5).")] = 0.0,
-    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", min=1, help="Tasks per step.")] = 4,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", min=1, help="Tasks per step.")] = 16,
     num_generations: Annotated[int, typer.Option("--num-generations", min=2, help="Completions per task (the GRPO group).")] = 8,
-    learning_rate: Annotated[float, typer.Option("--lr", help="GRPO learning rate.")] = 2e-3,
-    sft_steps: Annotated[int, typer.Option("--sft-steps", help="Warm-up steps of --model tiny.")] = 120,
+    learning_rate: Annotated[float, typer.Option("--lr", help="GRPO learning rate.")] = 7e-4,
+    sft_steps: Annotated[int, typer.Option("--sft-steps", help="Warm-up steps of --model tiny.")] = 200,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature, in training and eval.")] = 1.5,
     eval_samples: Annotated[int, typer.Option("--eval-samples", min=1, help="Samples per eval task (pass@1 estimate).")] = 4,
     shuffle_rewards: Annotated[bool, typer.Option("--shuffle-rewards", help="Control run: shuffle rewards within each batch.")] = False,
     slots: Annotated[int | None, typer.Option("--slots", help="Sandbox slots; default: cores.")] = None,
@@ -50,7 +51,7 @@ def train(
                       reward=reward,  # type: ignore[arg-type]
                       partial_credit=partial_credit, compile_error_reward=compile_error_reward,
                       prompts_per_step=prompts_per_step, num_generations=num_generations,
-                      learning_rate=learning_rate, sft_steps=sft_steps,
+                      learning_rate=learning_rate, sft_steps=sft_steps, temperature=temperature,
                       eval_samples=eval_samples, shuffle_rewards=shuffle_rewards, slots=slots)
     try:
         summary = run_training(cfg)

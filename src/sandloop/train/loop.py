@@ -51,19 +51,19 @@ class TrainConfig:
 
     out: Path
     model: str = "tiny"
-    steps: int = 50
+    steps: int = 60
     seed: int = 0
     tasks: str = TOY_SET
     reward: Literal["proper", "weak"] = "proper"
     partial_credit: bool = False
     compile_error_reward: float = 0.0
-    prompts_per_step: int = 4
+    prompts_per_step: int = 16
     num_generations: int = 8
-    learning_rate: float = 1e-3
+    learning_rate: float = 7e-4
     lr_scheduler: str = "constant"
-    temperature: float = 1.0
+    temperature: float = 1.5
     max_completion_length: int = 32
-    sft_steps: int = 60
+    sft_steps: int = 200
     sft_learning_rate: float = 3e-3
     eval_samples: int = 4
     eval_limit: int | None = None
