@@ -15,7 +15,7 @@ TVPY := $(TVENV)/bin/python
 TSTAMP := $(TVENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test test-slow lint bench deps clean train-env
+.PHONY: demo test test-slow lint bench deps clean train-env .venv-train
 
 $(DEB_STAMP):
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
