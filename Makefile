@@ -14,7 +14,14 @@ DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2 chrom
 UML_STAMP := $(VENV)/.uml-installed
 RESULTS := build/test-results
 
-.PHONY: demo test test-cgroup-v2 test-slow lint bench deps clean
+# The training environment (`sandloop train`, tests/train): torch pinned first, so that pip picks
+# the CPU wheel here instead of the CUDA build (~3 GB), then the train extra.
+TVENV := .venv-train
+TVPY := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test test-cgroup-v2 test-slow lint bench deps clean train-env .venv-train
 
 $(DEB_STAMP):
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -41,6 +48,16 @@ $(STAMP): pyproject.toml setup.py src/sandloop/sandbox/jail.c | $(DEB_STAMP)
 	$(VPY) -m pip install -q --no-deps 'verl>=0.4' 'openrlhf>=0.11.2,<0.12' 'trl>=1.16,<2'
 	@touch $@
 
+$(TSTAMP): pyproject.toml | $(DEB_STAMP)
+	@test -x $(TVPY) || $$(command -v python3.11 || command -v python3) -m venv $(TVENV)
+	$(TVPY) -m pip install -q --upgrade pip
+	$(TVPY) -m pip install -q '$(TORCH_PIN)'
+	$(TVPY) -m pip install -q -e '.[train,dev]'
+	@touch $@
+
+.venv-train: $(TSTAMP)
+train-env: $(TSTAMP)
+
 deps: $(STAMP)
 
 demo: $(STAMP)
@@ -58,12 +75,15 @@ demo: $(STAMP)
 	$(VENV)/bin/sandloop monitor analyze $(DEMO)/run.db
 	$(VENV)/bin/sandloop monitor report $(DEMO)/run.db -o $(DEMO)/report.html
 
-test: $(STAMP) $(UML_STAMP)
+test: $(STAMP) $(UML_STAMP) $(TSTAMP)
 	$(VPY) -m ruff check src tests benchmarks
 	$(VPY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 	@mkdir -p $(RESULTS)
 	$(VPY) -m pytest -q --junitxml=$(RESULTS)/v1-c.xml
+	# The closed loop (tests/train) in its own environment; one thread per process: the loop and
+	# its sandboxes share the cores, and two threads on a busy 2-core machine ran 6x slower.
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(TVPY) -m pytest -q tests/train
 	# The sandbox and adversarial suites again, with the children's isolation steps in Python
 	# (the fallback for hosts without a C compiler) instead of the C helper.
 	SANDLOOP_JAIL=python $(VPY) -m pytest -q --junitxml=$(RESULTS)/v1-python.xml tests/sandbox tests/security
@@ -89,4 +109,4 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_server.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/sandloop/sandbox/jail.so.1
+	rm -rf $(VENV) $(TVENV) build src/*.egg-info src/sandloop/sandbox/jail.so.1

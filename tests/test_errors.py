@@ -24,12 +24,21 @@ INTERNAL = {
 }
 
 
+OPTIONAL = {"torch", "transformers", "trl", "tokenizers", "datasets", "ray", "pyarrow"}
+
+
 def _exception_classes() -> list[type[BaseException]]:
     found = []
     for mod in pkgutil.walk_packages(sandloop.__path__, "sandloop."):
         if mod.name.endswith("__main__"):
             continue
-        module = importlib.import_module(mod.name)
+        try:
+            module = importlib.import_module(mod.name)
+        except ModuleNotFoundError as e:
+            # Modules of an optional extra (sandloop[train], [ray]) need its packages.
+            if (e.name or "").split(".")[0] in OPTIONAL:
+                continue
+            raise
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if (issubclass(obj, BaseException) and obj.__module__ == module.__name__
                     and not obj.__name__.startswith("_")):  # private: never leaves its module

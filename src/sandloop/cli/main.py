@@ -435,6 +435,9 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(env_app, name="env")
 
 
+app.command("train")(__import__("sandloop.cli.train", fromlist=["train"]).train)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     """The ``sandloop`` script and ``python -m sandloop``: exit codes 0-3, never a traceback."""
     sys.exit(run_guarded(app))

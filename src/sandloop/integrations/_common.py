@@ -3,6 +3,7 @@ training step and rollout group of each scored completion (for the reward monito
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import operator
@@ -16,8 +17,8 @@ from sandloop.errors import InputError, IntegrationError
 from sandloop.integrations.scorer import Scorer
 from sandloop.reward import CompletionResult, RewardConfig
 
-__all__ = ["AdapterSettingError", "InfraFailure", "StepClock", "as_step", "default_scorer", "pass_fraction",
-           "prompt_group", "reward_of", "run_groups"]
+__all__ = ["AdapterSettingError", "InfraFailure", "StepClock", "as_step", "close_default_scorers",
+           "default_scorer", "pass_fraction", "prompt_group", "reward_of", "run_groups"]
 
 _scorers: dict[tuple[Any, ...], Scorer] = {}
 _lock = threading.Lock()
@@ -51,11 +52,23 @@ def default_scorer(url: str | None = None, api_key: str | None = None,
     with _lock:
         s = _scorers.get(key)
         if s is None:
+            if not _scorers:
+                atexit.register(close_default_scorers)
             s = Scorer(url=url, api_key=api_key, task_sets=task_sets,
                        reward=RewardConfig.model_validate({"mode": mode}),
                        rollout_log=rollout_log, run_id=run_id)
             _scorers[key] = s
         return s
+
+
+def close_default_scorers() -> None:
+    """Close every scorer :func:`default_scorer` made (their engines and slots); registered to
+    run at interpreter exit, so adapters used without an explicit close leave nothing behind."""
+    with _lock:
+        scorers = list(_scorers.values())
+        _scorers.clear()
+    for s in scorers:
+        s.close()
 
 
 def pass_fraction(r: CompletionResult) -> float:

@@ -1,0 +1,52 @@
+"""Where a training step's time goes: generation, sandbox (verification), update.
+
+Runs the closed loop (tiny model, toy curriculum) for a few GRPO steps at ``--completions`` per
+step and prints the median of each part and the sandbox share of the step; the target is
+verification ≤ 10% of the step at 256 completions per step. The first step is left out (warm-up:
+slots starting, first compilation of the model's kernels). Needs the train extra:
+
+    OMP_NUM_THREADS=1 .venv-train/bin/python benchmarks/bench_train.py [--completions 256] [--steps 4]
+
+On a CPU the tiny model's generation and update are so cheap that the sandbox share is far above
+a GPU run's; the figure that carries over is the sandbox seconds per completion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--completions", type=int, default=256, help="per step (8 per task)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=None)
+    args = ap.parse_args()
+    from sandloop.train.loop import TrainConfig, run_training
+
+    gens = 8
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        run_training(TrainConfig(out=out, steps=args.steps, seed=0, sft_steps=160,
+                                 prompts_per_step=max(1, args.completions // gens),
+                                 num_generations=gens, eval_samples=1, eval_limit=4,
+                                 save_checkpoints=False, slots=args.slots))
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = rows[1:] or rows
+    med = {k: statistics.median(r[k] for r in rows)
+           for k in ("generation_s", "sandbox_s", "update_s", "step_s")}
+    per = max(1, args.completions // gens) * gens
+    print(f"completions per step: {per}, steps measured: {len(rows)}")
+    for k, v in med.items():
+        print(f"  {k:<13} {v:8.3f} s")
+    share = med["sandbox_s"] / med["step_s"]
+    print(f"  sandbox share of the step: {share:.1%} (target ≤ 10%)")
+    print(f"  sandbox per completion:    {1000 * med['sandbox_s'] / per:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

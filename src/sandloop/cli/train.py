@@ -1,0 +1,61 @@
+"""``sandloop train``: the closed loop (registered by cli/main.py; needs the ``train`` extra).
+
+torch, transformers and trl are imported only when the command runs, so ``sandloop --help`` and
+every other command stay fast and work without the extra.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+__all__ = ["train"]
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+def train(
+    out: Annotated[Path, typer.Option("--out", help="Run directory: config, checkpoints, rollouts.jsonl, metrics.jsonl, eval.json, alerts.jsonl.")],
+    model: Annotated[str, typer.Option("--model", help="'tiny' (built here, SFT on the task set's references) or a local Hugging Face model directory.")] = "tiny",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO steps.")] = 60,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds model init, sampling, curriculum.")] = 0,
+    tasks: Annotated[str, typer.Option("--tasks", help="'toy' (the bundled curriculum) or a task set (built-in name or JSONL) with train and eval splits.")] = "toy",
+    reward: Annotated[str, typer.Option("--reward", help="proper (hidden tests) | weak (exit code 0 only: the hack demonstration).")] = "proper",
+    partial_credit: Annotated[bool, typer.Option("--partial-credit", help="Reward the share of tests passed instead of all-or-nothing.")] = False,
+    compile_error_reward: Annotated[float, typer.Option("--compile-error-reward", help="Reward of a completion that does not compile (e.g. -0.5).")] = 0.0,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", min=1, help="Tasks per step.")] = 16,
+    num_generations: Annotated[int, typer.Option("--num-generations", min=2, help="Completions per task (the GRPO group).")] = 8,
+    learning_rate: Annotated[float, typer.Option("--lr", help="GRPO learning rate.")] = 7e-4,
+    sft_steps: Annotated[int, typer.Option("--sft-steps", help="Warm-up steps of --model tiny.")] = 200,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature, in training and eval.")] = 1.5,
+    eval_samples: Annotated[int, typer.Option("--eval-samples", min=1, help="Samples per eval task (pass@1 estimate).")] = 4,
+    shuffle_rewards: Annotated[bool, typer.Option("--shuffle-rewards", help="Control run: shuffle rewards within each batch.")] = False,
+    slots: Annotated[int | None, typer.Option("--slots", help="Sandbox slots; default: cores.")] = None,
+) -> None:
+    """Run GRPO with sandloop rewards: execute → reward → update, with curriculum and audit."""
+    if reward not in ("proper", "weak"):
+        err.print(f"[red]error:[/] --reward {reward!r}: choose proper or weak")
+        raise typer.Exit(2)
+    try:
+        from sandloop.train.loop import TrainConfig, TrainError, run_training
+    except ImportError as e:
+        err.print(f"[red]error:[/] sandloop train needs the train extra ({e.name} is missing): "
+                  + escape("pip install 'sandloop[train]' (or `make .venv-train`)"))
+        raise typer.Exit(2) from e
+    cfg = TrainConfig(out=out, model=model, steps=steps, seed=seed, tasks=tasks,
+                      reward=reward,  # type: ignore[arg-type]
+                      partial_credit=partial_credit, compile_error_reward=compile_error_reward,
+                      prompts_per_step=prompts_per_step, num_generations=num_generations,
+                      learning_rate=learning_rate, sft_steps=sft_steps, temperature=temperature,
+                      eval_samples=eval_samples, shuffle_rewards=shuffle_rewards, slots=slots)
+    try:
+        summary = run_training(cfg)
+    except TrainError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from e
+    print(json.dumps(summary))
