@@ -19,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust", "typescript")
 _LANGUAGE_ALIASES = {
     "python3": "python",
     "py": "python",
@@ -29,6 +29,9 @@ _LANGUAGE_ALIASES = {
     "node": "javascript",
     "nodejs": "javascript",
     "sh": "bash",
+    "golang": "go",
+    "rs": "rust",
+    "ts": "typescript",
 }
 
 
@@ -234,6 +237,10 @@ OWN_FILES: dict[str, tuple[str, ...]] = {
     "cpp": ("main.cpp", "main"),
     "javascript": ("main.js",),
     "bash": ("main.sh",),
+    "java": ("Main.java", "main.jar", ".sandloop-build"),
+    "go": ("main.go", "main", ".sandloop-build"),
+    "rust": ("main.rs", "main"),
+    "typescript": ("main.ts", "main.js", "sandloop-node.d.ts"),
 }
 
 MAX_PATH_BYTES = 1024  # a whole relative path, UTF-8
