@@ -434,6 +434,8 @@ class Verifier:
         compile_limits = Limits(
             time_s=limits.compile_time_limit_s, memory_mb=limits.compile_memory_limit_mb,
             max_processes=max(64, limits.max_processes),
+            workdir_mb=limits.compile_workdir_limit_mb,
+            workdir_inodes=limits.compile_workdir_inodes,
             stdout_bytes=limits.compile_output_mb << 20, stderr_bytes=1 << 16)
         compile_node = Node(
             id=_COMPILE_NODE, limits=compile_limits,

@@ -74,8 +74,10 @@ def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
             wall_s=limits.compile_time_limit_s, cpu_s=limits.compile_time_limit_s,
             memory_bytes=limits.compile_memory_limit_mb << 20, max_pids=max(64, limits.max_processes),
             cpus=1.0, cpu_weight=limits.cpu_weight, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
-            # The binary must survive into the run step: same work dir, same size.
-            workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
+            # Scratch space for the toolchain; the artifact alone travels to the run step
+            # (collect_max bounds it, and the run's own work dir must hold it).
+            workdir_mb=limits.compile_workdir_limit_mb,
+            workdir_inodes=limits.compile_workdir_inodes,
             open_files=max(limits.open_files, 256),
         )
     return StepLimits(
