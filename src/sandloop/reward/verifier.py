@@ -3,8 +3,9 @@
 Python function, script and stdin/stdout tests run in ONE sandbox run per completion through the
 harness in :mod:`sandloop.reward.sandbox_harness` (per-test time limits inside). Return values and
 program outputs come back on the result channel (fd 3) and are compared here, outside the sandbox;
-exit codes and printed text are never evidence. Other languages' stdin/stdout tests run one sandbox
-run per test. Custom checkers run in their own sandbox runs.
+exit codes and printed text are never evidence. Other languages' stdin/stdout tests run as a job
+graph: ``compile -> [test 1..n]`` for compiled languages (compile once, one sandbox run per test
+on a copy of the artifact), ``[test 1..n]`` otherwise. Custom checkers run in their own sandbox runs.
 
 A ``sandbox_error`` (the infrastructure's failure) gives the affected tests the ``sandbox_error``
 verdict and the reward ``None`` with the reason. The verifier only classifies: retrying is the
