@@ -83,6 +83,15 @@ async def test_a_journalled_graph_answers_finished_nodes_after_a_restart(tmp_pat
     assert again == first
 
 
+async def test_a_parents_output_can_be_a_childs_file(engine: Engine) -> None:
+    g = await engine.run_graph(Graph(nodes=(
+        Node(id="test", limits=FAST, program=Program(source="print('3 4')")),
+        Node(id="check", limits=FAST, inputs=(Input(node="test", stdout=True, to="out.txt"),),
+             program=Program(source="print(sum(map(int, open('out.txt').read().split())))")),
+    )))
+    assert g["check"].result is not None and g["check"].result.stdout == "7\n"
+
+
 @pytest.mark.parametrize("nodes, says", [
     ([Node(id="a", program=Program(source=""), after=("b",)),
       Node(id="b", program=Program(source=""), after=("a",))], "cycle"),
@@ -95,7 +104,17 @@ async def test_a_journalled_graph_answers_finished_nodes_after_a_restart(tmp_pat
     ([Node(id="a", program=Program(source="", collect=["x"])),
       Node(id="b", program=Program(source="", files={"x": "mine"}),
            inputs=(Input(node="a", file="x"),))], "replace one of its own files"),
+
 ])
 async def test_malformed_graphs_are_refused(nodes: list[Node], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
         Graph(nodes=tuple(nodes))
+
+
+async def test_an_input_takes_a_file_or_the_output() -> None:
+    with pytest.raises(ValidationError, match="needs a file name"):
+        Input(node="a", stdout=True)
+    with pytest.raises(ValidationError, match="not both or neither"):
+        Input(node="a", file="x", stdout=True, to="y")
+    with pytest.raises(ValidationError, match="not both or neither"):
+        Input(node="a")

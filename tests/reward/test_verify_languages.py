@@ -108,3 +108,37 @@ def test_the_verifier_runs_its_graph_through_the_engine() -> None:
     cancelled = [n for n in graphs[1].nodes.values() if n.state == "cancelled"]
     assert len(cancelled) == 3
     assert all("parent 'compile' ended runtime_error" in (n.reason or "") for n in cancelled)
+
+
+def test_checker_runs_in_the_graph_after_each_test(sandbox: PoolThread) -> None:
+    """compile -> test i -> checker i: the checker reads the test's output as a file, and a
+    test that did not run ok has no checker run."""
+    _require("go")
+    from sandloop.tasks import Checker
+
+    calls: list[Program] = []
+
+    async def counting_run(program: Program, limits: Limits) -> ExecResult:
+        calls.append(program)
+        return await sandbox.pool.run(program, limits)
+
+    checker = Checker(source=(
+        "import sys\n"
+        "inp, out, ans = (open(p).read().split() for p in sys.argv[1:4])\n"
+        "sys.exit(0 if len(out) == 2 and int(out[0]) + int(out[1]) == int(ans[0]) else 1)\n"))
+    task = _task("go").model_copy(update={"checker": checker, "version": ""})
+    task = Task.model_validate(task.model_dump())
+    split = """package main
+import ("fmt"; "os")
+func main() { var a, b int64; fmt.Scan(&a, &b); if a == 5 { os.Exit(4) }; fmt.Println(a+b-1, 1) }
+"""
+    r = sandbox.run(Verifier(counting_run).verify(task, split))
+    verdicts = {t.name: t.verdict for t in r.tests}
+    assert verdicts == {"p0": Verdict.PASSED, "h0": Verdict.RUNTIME_ERROR,
+                        "h1": Verdict.PASSED}, r.tests
+    checks = [p for p in calls if p.argv == ["input.txt", "output.txt", "answer.txt"]]
+    assert len(calls) == 1 + 3 + 2 and len(checks) == 2
+    wrong = split.replace("a+b-1, 1", "a+b, 1")
+    r = sandbox.run(Verifier(counting_run).verify(task, wrong))
+    assert r.reward == 0.0 and r.tests[0].verdict is Verdict.WRONG_ANSWER
+    assert "checker: runtime_error, exit 1" in (r.tests[0].detail or "")

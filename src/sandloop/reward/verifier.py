@@ -15,7 +15,6 @@ to have infrastructure failures retried.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import marshal
@@ -45,6 +44,7 @@ from sandloop.sandbox.graph import (
     Input,
     Node,
     NodeResult,
+    NodeState,
     execute_graph,
 )
 from sandloop.sandbox.languages import spec_for
@@ -242,9 +242,10 @@ class Verifier:
         else:
             if task.language == "python":
                 judged, timings = await self._verify_harness(task, asm.source, cmp)
+                checked: dict[str, ExecResult] = {}
             else:
-                judged, timings = await self._verify_per_test(task, asm.source, cmp)
-            outcomes = await self._apply_checker(task, judged)
+                judged, timings, checked = await self._verify_per_test(task, asm.source, cmp)
+            outcomes = await self._apply_checker(task, judged, checked)
         reward, reason = shape_reward(
             outcomes, self.reward, format_error=asm.format_error is not None
         )
@@ -369,18 +370,28 @@ class Verifier:
 
     async def _verify_per_test(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float], dict[str, ExecResult]]:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
         graph = self._test_graph(task.language, source, tests, limits)
+        if task.checker is not None:
+            # compile -> test i -> checker i: the checker gets the test's output as a file,
+            # and runs only when the test ran ok.
+            graph = Graph(nodes=(*graph.nodes, *(
+                Node(id=_check_node(i), limits=self._checker_limits(task),
+                     program=self._checker_program(task, t, None),
+                     inputs=(Input(node=_test_node(i), stdout=True, to="output.txt"),))
+                for i, t in enumerate(tests))))
         done = await self.graph(graph)
         compiled = done.nodes.get(_COMPILE_NODE)
         if compiled is not None and not compiled.ok:
             # Nothing ran: every test fails as the compile step did.
             failed = self._compile_failure(compiled, limits)
             return self._all_failed(task, tests, failed), {
-                "sandbox_wall_s": round(failed.wall_time_s, 6)}
+                "sandbox_wall_s": round(failed.wall_time_s, 6)}, {}
+        checked = {t.name: r for i, t in enumerate(tests)
+                   if (r := done.nodes.get(_check_node(i), _NOT_RUN).result) is not None}
         runs: list[ExecResult] = []
         for i in range(len(tests)):
             node = done[_test_node(i)]
@@ -408,7 +419,7 @@ class Verifier:
         wall = sum(r.wall_time_s for r in runs)
         if compiled is not None and compiled.result is not None:
             wall += compiled.result.wall_time_s
-        return outcomes, {"sandbox_wall_s": round(wall, 6)}
+        return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked
 
     async def graph(self, graph: Graph) -> GraphResult:
         """Run a job graph: through the graph runner given (the engine's, which admits and
@@ -470,38 +481,58 @@ class Verifier:
 
     # -- checkers ---------------------------------------------------------------------------
 
-    async def _apply_checker(self, task: Task, judged: list[_Judged]) -> list[TestOutcome]:
-        """Run the task's checker on every output waiting for one (each in its own sandbox)."""
+    async def _apply_checker(self, task: Task, judged: list[_Judged],
+                             checked: dict[str, ExecResult]) -> list[TestOutcome]:
+        """Judge every output waiting for the task's checker: by the checker run the test's
+        graph already made (``checked``, by test name), else in a graph of checker runs, each
+        in its own sandbox."""
         checker = task.checker
         if checker is None:
             return [o for o, _ in judged]
         by_name = {t.name: t for t in task.tests if isinstance(t, IOTest)}
-        limits = Limits(time_s=max(10.0, task.limits.time_s * 2), memory_mb=1024)
+        pending = [(o, out) for o, out in judged if out is not None and o.name not in checked]
+        if pending:
+            done = await self.graph(Graph(nodes=tuple(
+                Node(id=_check_node(k), limits=self._checker_limits(task),
+                     program=self._checker_program(task, by_name[o.name], out))
+                for k, (o, out) in enumerate(pending))))
+            checked = dict(checked)
+            for k, (o, _) in enumerate(pending):
+                r = done[_check_node(k)].result
+                assert r is not None  # no parents: every node runs
+                checked[o.name] = r
+        return [o if out is None else self._checker_verdict(o, checked[o.name])
+                for o, out in judged]
 
-        async def check(o: TestOutcome, stdout: str | None) -> TestOutcome:
-            if stdout is None:
-                return o
-            test = by_name[o.name]
-            program = Program(
-                language=checker.language,
-                source=checker.source,
-                files={"input.txt": test.stdin, "output.txt": stdout,
-                       "answer.txt": test.expected_stdout},
-                argv=["input.txt", "output.txt", "answer.txt"],
-            )
-            r = await self.run(program, limits)
-            if r.status is Status.SANDBOX_ERROR:
-                return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
-                                            "detail": f"checker: {r.error}"})
-            if r.status is Status.OK:
-                return o
-            # A checker that rejects, or fails on this output, does not accept it. Its failure is
-            # recorded, never turned into a null reward that a completion could provoke.
-            tail = (r.stdout or r.stderr)[-200:]
-            why = f"checker: {r.status.value}, exit {r.exit_code}: {tail}"
-            return o.model_copy(update={"verdict": Verdict.WRONG_ANSWER, "detail": why})
+    @staticmethod
+    def _checker_limits(task: Task) -> Limits:
+        return Limits(time_s=max(10.0, task.limits.time_s * 2), memory_mb=1024)
 
-        return list(await asyncio.gather(*(check(o, out) for o, out in judged)))
+    @staticmethod
+    def _checker_program(task: Task, test: IOTest, stdout: str | None) -> Program:
+        """The task's checker on one test: argv ``input.txt output.txt answer.txt``
+        (``output.txt`` comes from the test run's node when ``stdout`` is None)."""
+        checker = task.checker
+        assert checker is not None
+        files: dict[str, str | bytes] = {"input.txt": test.stdin,
+                                         "answer.txt": test.expected_stdout}
+        if stdout is not None:
+            files["output.txt"] = stdout
+        return Program(language=checker.language, source=checker.source, files=files,
+                       argv=["input.txt", "output.txt", "answer.txt"])
+
+    @staticmethod
+    def _checker_verdict(o: TestOutcome, r: ExecResult) -> TestOutcome:
+        if r.status is Status.SANDBOX_ERROR:
+            return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
+                                        "detail": f"checker: {r.error}"})
+        if r.status is Status.OK:
+            return o
+        # A checker that rejects, or fails on this output, does not accept it. Its failure is
+        # recorded, never turned into a null reward that a completion could provoke.
+        tail = (r.stdout or r.stderr)[-200:]
+        why = f"checker: {r.status.value}, exit {r.exit_code}: {tail}"
+        return o.model_copy(update={"verdict": Verdict.WRONG_ANSWER, "detail": why})
 
 
 _COMPILE_NODE = "compile"
@@ -509,6 +540,13 @@ _COMPILE_NODE = "compile"
 
 def _test_node(i: int) -> str:
     return f"test:{i}"
+
+
+def _check_node(i: int) -> str:
+    return f"check:{i}"
+
+
+_NOT_RUN = NodeResult(id="", state=NodeState.CANCELLED)
 
 
 # A judged test, and the program output still waiting for the task's checker (if any).

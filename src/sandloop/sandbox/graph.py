@@ -36,18 +36,31 @@ Runner = Callable[[Program, Limits], Awaitable[ExecResult]]
 
 
 class Input(BaseModel):
-    """A file one node collected that another node receives: ``node``'s collected ``file``
-    becomes the child's file ``to`` (default: the same name)."""
+    """What one node passes to another: ``node``'s collected ``file``, or with ``stdout=True``
+    its standard output (e.g. a test's output for a checker), becomes the child's file ``to``
+    (default: the same name as ``file``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     node: str
-    file: str
+    file: str | None = None
+    stdout: bool = False
     to: str | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> Input:
+        if (self.file is None) == (not self.stdout):
+            raise ValueError("an input takes either a collected file (file=...) or the "
+                             "parent's output (stdout=True), not both or neither")
+        if self.stdout and self.to is None:
+            raise ValueError("an input from stdout needs a file name: to=...")
+        return self
 
     @property
     def target(self) -> str:
-        return self.to or self.file
+        target = self.to or self.file
+        assert target is not None
+        return target
 
 
 class Node(BaseModel):
@@ -92,7 +105,7 @@ class Graph(BaseModel):
                 if p == n.id:
                     raise ValueError(f"node {n.id!r} depends on itself")
             for i in n.inputs:
-                if i.file not in by_id[i.node].program.collect:
+                if i.file is not None and i.file not in by_id[i.node].program.collect:
                     raise ValueError(f"node {n.id!r} takes {i.file!r} from {i.node!r}, which "
                                      f"does not collect it: add it to that program's collect")
                 check_relative_path(i.target)
@@ -179,7 +192,7 @@ def _failure(node_id: str, r: NodeResult, child: Node) -> tuple[str, Status | No
     if r.result.status is not Status.OK:
         return f"parent {node_id!r} ended {r.result.status.value}", r.result.status
     for i in child.inputs:
-        if i.node == node_id and i.file not in r.result.files:
+        if i.node == node_id and i.file is not None and i.file not in r.result.files:
             return (f"parent {node_id!r} left no file {i.file!r}",
                     Status.RUNTIME_ERROR)
     return None
@@ -221,7 +234,8 @@ async def execute_nodes(graph: Graph, run: NodeRunner) -> GraphResult:
         for i in n.inputs:
             res = parents[i.node].result
             assert res is not None
-            files[i.target] = res.files[i.file]
+            files[i.target] = (res.stdout.encode("utf-8", "surrogateescape") if i.file is None
+                               else res.files[i.file])
         program = n.program.model_copy(update={"files": files}) if n.inputs else n.program
         result = await run(n, program)
         done[n.id].set_result(NodeResult(id=n.id, state=NodeState.DONE, result=result))
