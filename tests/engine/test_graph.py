@@ -118,3 +118,4 @@ async def test_an_input_takes_a_file_or_the_output() -> None:
         Input(node="a", file="x", stdout=True, to="y")
     with pytest.raises(ValidationError, match="not both or neither"):
         Input(node="a")
+
