@@ -7,8 +7,10 @@ DEB_STAMP := $(VENV)/.deb-installed
 DEMO := $(CURDIR)/build/demo
 # gcc/g++/nodejs/bash: the sandboxed languages (gcc + libc6-dev also build the C helper that
 # each run uses to isolate itself); libseccomp2: the seccomp filter compiler; chromium: the
-# monitor dashboard's end-to-end test (headless).
-DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2 chromium
+# monitor dashboard's end-to-end test (headless); default-jdk-headless (javac, jar, java),
+# golang-go, rustc and node-typescript (tsc): Java, Go, Rust and TypeScript (docs/sandbox.md).
+DEB_PKGS := python3 python3-venv gcc g++ libc6-dev nodejs bash libseccomp2 chromium \
+	default-jdk-headless golang-go rustc node-typescript
 # user-mode-linux: a Linux guest as an ordinary process, whose cgroup v2 hierarchy the sandbox
 # suites run on again (tests/uml/run_in_uml.py); its own stamp, so existing checkouts get it too.
 UML_STAMP := $(VENV)/.uml-installed
@@ -23,7 +25,7 @@ TORCH_PIN := torch==2.13.0
 
 .PHONY: demo test test-cgroup-v2 test-slow lint bench deps clean train-env .venv-train
 
-$(DEB_STAMP):
+$(DEB_STAMP): Makefile
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -8,7 +8,12 @@ and the ratio isolated/bare of the median wall time (target: <= 0.5). The two ar
 alternating blocks (isolated, bare, isolated, ...), so that the drift of a shared machine's speed
 over the run weighs on both sides alike instead of on whichever went second.
 
-    .venv/bin/python benchmarks/bench_sandbox.py [--runs N]
+Then per compiled language (C, C++, Java, Go, Rust, TypeScript): the compile step's wall time,
+the run step's, and runs/s of the compiled artifact at concurrency = cores (compile once, run
+many: what the verifier does per test); for Java and Go, the start-up of the same artifact run
+outside the sandbox (bare subprocess, same flags and environment), and the ratio.
+
+    .venv/bin/python benchmarks/bench_sandbox.py [--runs N] [--languages-only]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from sandloop import Limits, Program, SandboxPool, Status
+from sandloop.sandbox.languages import LanguageUnavailable, sandbox_env, spec_for
 
 TRIVIAL = "pass\n"
 
@@ -131,6 +137,85 @@ def isolated_runner(pool: SandboxPool, program: Program) -> Callable[[], Awaitab
     return one
 
 
+# Reads a number, prints twice it: start-up plus a little I/O, per language.
+DOUBLE = {
+    "c": '#include <stdio.h>\nint main(){long n;scanf("%ld",&n);printf("%ld\\n",2*n);}\n',
+    "cpp": '#include <iostream>\nint main(){long n;std::cin>>n;std::cout<<2*n<<"\\n";}\n',
+    "java": 'import java.util.*;\npublic class Main { public static void main(String[] a) { '
+            'System.out.println(2 * new Scanner(System.in).nextLong()); } }\n',
+    "go": 'package main\nimport "fmt"\nfunc main() { var n int64; fmt.Scan(&n); '
+          'fmt.Println(2 * n) }\n',
+    "rust": 'use std::io::Read;\nfn main() { let mut s = String::new(); '
+            'std::io::stdin().read_to_string(&mut s).unwrap(); '
+            'println!("{}", 2 * s.trim().parse::<i64>().unwrap()); }\n',
+    "typescript": 'const n: number = Number(require("fs").readFileSync(0, "utf8"));\n'
+                  'console.log(2 * n);\n',
+}
+LANG_LIMITS = Limits(time_s=10, memory_mb=512)
+
+
+async def language_rows(pool: SandboxPool, n: int, cores: int, tmp: str) -> None:
+    print("(compiled languages: compile once, run many; full isolation)")
+    for lang, src in DOUBLE.items():
+        spec = spec_for(lang, limits=LANG_LIMITS)
+        try:
+            spec.check_available()
+        except LanguageUnavailable as e:
+            print(f"  {lang:<11} skipped: {e}")
+            continue
+        assert spec.compile is not None
+        full = [await pool.run(Program(language=lang, source=src, stdin="21"), LANG_LIMITS)
+                for _ in range(3)]
+        assert all(r.status is Status.OK for r in full), [(r.status, r.compile) for r in full]
+        compile_s = statistics.median(r.compile.wall_time_s for r in full if r.compile)
+        built = await pool.run(Program(
+            language="bash", source=spec.compile_script(), collect=[spec.binary],
+            files={spec.main_file: src, **spec.compile_files}),
+            Limits(time_s=30, memory_mb=1024, workdir_mb=256, stdout_bytes=64 << 20))
+        artifact = built.files[spec.binary]
+        prog = Program(language="bash", source=spec.run_script(), stdin="21",
+                       files={spec.binary: artifact})
+        await measure(3, cores, isolated_runner(pool, prog))  # warm-up
+        lat, rps = await measure(n, cores, isolated_runner(pool, prog))
+        print(f"  {lang:<11} compile {compile_s * 1000:7.0f} ms   run step "
+              f"{statistics.median(r.wall_time_s for r in full) * 1000:6.1f} ms   "
+              + row("artifact runs", lat, rps))
+        if lang in ("java", "go"):
+            lat_b = await bare_artifact(spec, artifact, n, cores, tmp)
+            ratio = statistics.median(lat) / statistics.median(lat_b)
+            print(f"  {'':<11} same artifact outside the sandbox: median "
+                  f"{statistics.median(lat_b) * 1000:7.2f} ms   ratio sandboxed/bare {ratio:.2f}")
+
+
+async def bare_artifact(spec: object, artifact: bytes, n: int, cores: int,
+                        tmp: str) -> list[float]:
+    """Median-able wall times of the artifact run as a plain subprocess (same argv, same
+    environment, no isolation)."""
+    from sandloop.sandbox.languages import WORK_DIR, LanguageSpec
+
+    assert isinstance(spec, LanguageSpec)
+    d = tempfile.mkdtemp(dir=tmp)
+    path = os.path.join(d, spec.binary)
+    with open(path, "wb") as f:
+        f.write(artifact)
+    os.chmod(path, 0o755)
+    argv = [a.replace(WORK_DIR, d) for a in spec.run.argv]
+    env = {**sandbox_env(spec.name), **spec.run_env, "HOME": d}
+
+    async def one() -> float:
+        def go() -> float:
+            t = time.perf_counter()
+            r = subprocess.run(argv, input=b"21", capture_output=True, env=env, cwd=d)
+            assert r.returncode == 0, r.stderr
+            return time.perf_counter() - t
+
+        return await asyncio.get_running_loop().run_in_executor(None, go)
+
+    await measure(3, cores, one)
+    lat, _ = await measure(n, cores, one)
+    return lat
+
+
 def row(name: str, lat: list[float], rps: float) -> str:
     return (f"{name:<34} median {statistics.median(lat) * 1000:7.2f} ms   "
             f"p99 {pct(lat, 0.99) * 1000:7.2f} ms   {rps:7.1f} runs/s")
@@ -139,12 +224,17 @@ def row(name: str, lat: list[float], rps: float) -> str:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--languages-only", action="store_true",
+                    help="only the per-language compile/run figures")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     n = args.runs
     print(f"sandloop sandbox benchmark: {n} runs each, concurrency = {cores} (cores)\n")
     async with SandboxPool(int(os.environ.get("BENCH_SLOTS", cores))) as pool:
         with tempfile.TemporaryDirectory() as tmp:
+            if args.languages_only:
+                await language_rows(pool, max(10, n // 4), cores, tmp)
+                return
             ratios = {}
             for label, src in (("trivial", TRIVIAL), ("30-line solution + 5 asserts", SOLUTION)):
                 prog = Program(language="python", source=src)
@@ -163,6 +253,8 @@ async def main() -> None:
             lat_c, rps_c = await measure(max(10, n // 10), cores, isolated_runner(pool, cprog))
             print("(C program, compile + run, full isolation)")
             print("  " + row("gcc -O2 + run (sandloop)", lat_c, rps_c))
+            print()
+            await language_rows(pool, max(10, n // 4), cores, tmp)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ PUBLIC = {
                  "SyncEngine", "run", "run_batch"],
     "sandloop.engine": [
         "Backend", "ClientPolicy", "DeadlineExceeded", "Engine", "EngineClosed", "EngineError",
-        "EngineOverloaded", "EngineStats", "IdempotencyConflict", "JobHandle", "Journal", "JournalError", "LocalBackend",
+        "EngineOverloaded", "EngineStats", "Graph", "GraphResult", "IdempotencyConflict", "Input",
+        "JobHandle", "Journal", "JournalError", "LocalBackend", "Node", "NodeResult", "NodeState",
         "PRIORITIES", "QueueFull", "RateLimited", "RepeatedResult", "ResourceTooLarge", "RetryPolicy", "Session",
         "SessionClosed", "SessionExpired", "SessionFull", "SessionLimit", "SessionLost", "SyncEngine",
         "SyncSession", "WorkspaceWriteError", "aggregate", "job_key"],

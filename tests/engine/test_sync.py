@@ -34,3 +34,18 @@ def test_sync_engine_starts_on_first_use_without_with() -> None:
         assert eng.run(Program(source="print(7)")).stdout == "7\n"
     finally:
         eng.close()
+
+
+def test_sync_engine_runs_a_graph() -> None:
+    from sandloop.engine import Graph, Input, Node
+
+    fast = Limits(time_s=5, memory_mb=128)
+    graph = Graph(nodes=(
+        Node(id="make", limits=fast, program=Program(
+            source="open('n.txt', 'w').write('5')", collect=["n.txt"])),
+        Node(id="use", limits=fast, inputs=(Input(node="make", file="n.txt"),),
+             program=Program(source="print(3 * int(open('n.txt').read()))")),
+    ))
+    with SyncEngine(slots=1) as e:
+        g = e.run_graph(graph)
+    assert g.ok and g["use"].result is not None and g["use"].result.stdout == "15\n"

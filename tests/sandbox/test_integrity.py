@@ -55,8 +55,7 @@ def test_compiled_languages_reserve_their_binary_name() -> None:
 def test_own_files_match_the_language_specs() -> None:
     for lang in LANGUAGES:
         spec = spec_for(lang)
-        names = {spec.main_file} | ({spec.binary} if spec.compile is not None else set())
-        assert set(OWN_FILES[lang]) == names, lang
+        assert set(OWN_FILES[lang]) == spec.own_files, lang
 
 
 def test_file_names_that_can_coexist_pass() -> None:

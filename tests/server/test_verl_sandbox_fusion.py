@@ -73,7 +73,7 @@ def test_verl_check_correctness(server: LiveServer) -> None:
                                  json.dumps(io), continuous=True, timeout=5)
     assert score == 1.0
     # Languages sandloop does not run are a SandboxError (-1), not the program's fault.
-    resp, err = utils.call_sandbox_api(url, "fmt.Println(1)", None, 5, 5, 256, language="go")
+    resp, err = utils.call_sandbox_api(url, "<?php echo 1;", None, 5, 5, 256, language="php")
     assert err is None and resp["status"] == "SandboxError"
 
 

@@ -23,6 +23,7 @@ from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.session import Session
 from sandloop.engine.sync import SyncEngine, SyncSession
+from sandloop.sandbox.graph import Graph, GraphResult, Input, Node, NodeResult, NodeState
 
 __all__ = [
     "PRIORITIES",
@@ -34,11 +35,17 @@ __all__ = [
     "EngineError",
     "EngineOverloaded",
     "EngineStats",
+    "Graph",
+    "GraphResult",
     "IdempotencyConflict",
+    "Input",
     "JobHandle",
     "Journal",
     "JournalError",
     "LocalBackend",
+    "Node",
+    "NodeResult",
+    "NodeState",
     "QueueFull",
     "RateLimited",
     "RepeatedResult",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -23,6 +24,7 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
+    Awaitable,
     Callable,
     Hashable,
     Iterable,
@@ -47,6 +49,7 @@ from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
+from sandloop.sandbox.graph import Graph, GraphResult, Node, execute_nodes
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
@@ -693,6 +696,48 @@ class Engine:
                 # The stream's own interest (counted when submitted) goes: a job no one else
                 # waits on is cancelled, and a running one killed, as the docstring says.
                 self._release_waiter(job)
+
+    async def run_graph(self, graph: Graph, *, priority: int | str = 0,
+                        client: str = "default", key: str | None = None,
+                        timeout_s: float | None = None) -> GraphResult:
+        """Run a DAG of jobs (``sandloop.sandbox.graph``): each node once its parents ended
+        ``ok``, with their collected files as its inputs; a failed parent cancels its
+        descendants (``NodeState.CANCELLED``, with the reason and the failing status).
+
+        The graph is one job: every node is admitted before any runs (one that could never
+        run raises ResourceTooLarge for the whole graph), all run at the graph's priority
+        and client, and with a journal (or a ``key``) each node's key derives from the
+        graph's (``<graph key>/<node id>``, default key: a hash of the graph), so a graph
+        submitted again after a crash answers its finished nodes from the journal and runs
+        only the rest. ``timeout_s`` bounds the whole graph (DeadlineExceeded).
+        """
+        self._check_open()
+        for n in graph.nodes:  # admission of the whole graph before anything runs
+            self._make_job(n.program, n.limits, priority, client, None, None, journaled=False)
+        base = key
+        if base is None and self.journal is not None:
+            base = "g:" + hashlib.sha256(graph.model_dump_json().encode()).hexdigest()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        async def run(node: Node, program: Program) -> ExecResult:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise DeadlineExceeded(f"the graph's timeout_s={timeout_s} passed")
+            return await self.run(program, node.limits, priority=priority, client=client,
+                                  key=None if base is None else f"{base}/{node.id}",
+                                  timeout_s=left)
+
+        return await execute_nodes(graph, run)
+
+    def graph_runner(self, *, priority: int | str = 0, client: str = "default",
+                     ) -> Callable[[Graph], Awaitable[GraphResult]]:
+        """``async (graph) -> GraphResult`` bound to a priority and client (e.g. for
+        ``sandloop.reward.Verifier(run=..., run_graph=...)``)."""
+
+        async def run(graph: Graph) -> GraphResult:
+            return await self.run_graph(graph, priority=priority, client=client)
+
+        return run
 
     async def run_repeated(self, program: Program, limits: Limits | None = None, *, k: int = 3,
                            priority: int | str = 0, client: str = "default",

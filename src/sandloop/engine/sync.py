@@ -17,6 +17,7 @@ from sandloop import _aio as aio
 from sandloop.engine.engine import Engine, ProgramItem
 from sandloop.engine.repeat import RepeatedResult
 from sandloop.engine.session import Session
+from sandloop.sandbox.graph import Graph, GraphResult
 from sandloop.sandbox.models import ExecResult, Limits, Program
 
 __all__ = ["SyncEngine", "SyncSession"]
@@ -89,6 +90,10 @@ class SyncEngine:
                      **kw: Any) -> RepeatedResult:
         """Blocking ``Engine.run_repeated``."""
         return self._call(self.engine.run_repeated(program, limits, **kw))
+
+    def run_graph(self, graph: Graph, **kw: Any) -> GraphResult:
+        """Blocking ``Engine.run_graph``."""
+        return self._call(self.engine.run_graph(graph, **kw))
 
     def map(self, programs: Iterable[ProgramItem], limits: Limits | None = None,
             **kw: Any) -> list[ExecResult]:

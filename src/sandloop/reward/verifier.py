@@ -3,8 +3,9 @@
 Python function, script and stdin/stdout tests run in ONE sandbox run per completion through the
 harness in :mod:`sandloop.reward.sandbox_harness` (per-test time limits inside). Return values and
 program outputs come back on the result channel (fd 3) and are compared here, outside the sandbox;
-exit codes and printed text are never evidence. Other languages' stdin/stdout tests run one sandbox
-run per test. Custom checkers run in their own sandbox runs.
+exit codes and printed text are never evidence. Other languages' stdin/stdout tests run as a job
+graph: ``compile -> [test 1..n]`` for compiled languages (compile once, one sandbox run per test
+on a copy of the artifact), ``[test 1..n]`` otherwise. Custom checkers run in their own sandbox runs.
 
 A ``sandbox_error`` (the infrastructure's failure) gives the affected tests the ``sandbox_error``
 verdict and the reward ``None`` with the reason. The verifier only classifies: retrying is the
@@ -14,11 +15,9 @@ to have infrastructure failures retried.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import marshal
-import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,6 +36,16 @@ from sandloop.reward.verdicts import (
     counted_tests,
     overall_verdict,
     shape_reward,
+)
+from sandloop.sandbox.graph import (
+    Graph,
+    GraphResult,
+    GraphRunner,
+    Input,
+    Node,
+    NodeResult,
+    NodeState,
+    execute_graph,
 )
 from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status, with_compile_limit_note
@@ -189,8 +198,10 @@ class Verifier:
         max_run_s: float = 120.0,
         time_scale: float = 1.0,
         max_timeouts: int = 1,
+        run_graph: GraphRunner | None = None,
     ) -> None:
         self.run = run
+        self.run_graph = run_graph
         self.reward = reward or RewardConfig()
         self.comparison = comparison
         self.max_run_s = max_run_s
@@ -231,9 +242,10 @@ class Verifier:
         else:
             if task.language == "python":
                 judged, timings = await self._verify_harness(task, asm.source, cmp)
+                checked: dict[str, ExecResult] = {}
             else:
-                judged, timings = await self._verify_per_test(task, asm.source, cmp)
-            outcomes = await self._apply_checker(task, judged)
+                judged, timings, checked = await self._verify_per_test(task, asm.source, cmp)
+            outcomes = await self._apply_checker(task, judged, checked)
         reward, reason = shape_reward(
             outcomes, self.reward, format_error=asm.format_error is not None
         )
@@ -354,28 +366,37 @@ class Verifier:
             return out(Verdict.WRONG_ANSWER, "output longer than twice the expected output", t), None
         return _judge_output(test, stdout, cmp, out(Verdict.PASSED, None, t), task.checker)
 
-    # -- other languages: one run per stdin/stdout test --------------------------------------
+    # -- other languages: a job graph, compile -> one run per stdin/stdout test ---------------
 
     async def _verify_per_test(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float], dict[str, ExecResult]]:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
-        language, main_source = task.language, source
-        files: dict[str, str | bytes] = {}
-        if task.language in ("c", "cpp"):
-            # Compile once, then run each test in its own fresh sandbox on the same binary: a test
-            # cannot touch another's output, and the compiler runs once, not once per test.
-            built = await self._compile(task.language, source, limits)
-            if isinstance(built, ExecResult):
-                return self._all_failed(task, tests, built), {
-                    "sandbox_wall_s": round(built.wall_time_s, 6)}
-            language, main_source, files = "bash", "chmod +x ./main && exec ./main", {"main": built}
-        runs = await asyncio.gather(*(
-            self.run(Program(language=language, source=main_source, files=files, stdin=t.stdin),
-                     limits)
-            for t in tests))
+        graph = self._test_graph(task.language, source, tests, limits)
+        if task.checker is not None:
+            # compile -> test i -> checker i: the checker gets the test's output as a file,
+            # and runs only when the test ran ok.
+            graph = Graph(nodes=(*graph.nodes, *(
+                Node(id=_check_node(i), limits=self._checker_limits(task),
+                     program=self._checker_program(task, t, None),
+                     inputs=(Input(node=_test_node(i), stdout=True, to="output.txt"),))
+                for i, t in enumerate(tests))))
+        done = await self.graph(graph)
+        compiled = done.nodes.get(_COMPILE_NODE)
+        if compiled is not None and not compiled.ok:
+            # Nothing ran: every test fails as the compile step did.
+            failed = self._compile_failure(compiled, limits)
+            return self._all_failed(task, tests, failed), {
+                "sandbox_wall_s": round(failed.wall_time_s, 6)}, {}
+        checked = {t.name: r for i, t in enumerate(tests)
+                   if (r := done.nodes.get(_check_node(i), _NOT_RUN).result) is not None}
+        runs: list[ExecResult] = []
+        for i in range(len(tests)):
+            node = done[_test_node(i)]
+            runs.append(node.result if node.result is not None else ExecResult(
+                status=node.cause or Status.SANDBOX_ERROR, error=node.reason))
         outcomes: list[_Judged] = []
         for t, r in zip(tests, runs, strict=True):
             hidden = task.is_hidden(t.name)
@@ -395,27 +416,56 @@ class Verifier:
                 v = _missing_verdict(r)
                 detail = r.error or (r.compile.stderr[-300:] if r.compile else r.stderr[-300:])
                 outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
-        timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r in runs), 6)}
-        return outcomes, timings
+        wall = sum(r.wall_time_s for r in runs)
+        if compiled is not None and compiled.result is not None:
+            wall += compiled.result.wall_time_s
+        return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked
 
-    async def _compile(self, language: str, source: str, run: Limits) -> bytes | ExecResult:
-        """The compiled program, or the failed (or infrastructure-failed) compile run.
+    async def graph(self, graph: Graph) -> GraphResult:
+        """Run a job graph: through the graph runner given (the engine's, which admits and
+        journals it as one job), else node by node through ``run``."""
+        if self.run_graph is not None:
+            return await self.run_graph(graph)
+        return await execute_graph(graph, self.run)
+
+    @staticmethod
+    def _test_graph(language: str, source: str, tests: Sequence[IOTest],
+                    limits: Limits) -> Graph:
+        """``compile -> [test 1..n]`` for a compiled language (compile once, then each test in
+        its own fresh sandbox on a copy of the same artifact: a test cannot touch another's
+        output, and the compiler runs once, not once per test); ``[test 1..n]`` otherwise.
 
         The compiler runs as a program of its own, within the compile limits that the test
-        runs' limits ``run`` derive (``Limits.compile_time_limit_s``/``compile_memory_limit_mb``).
-        """
-        spec = spec_for(language)
-        step = spec.compile
-        assert step is not None
-        cmd = " ".join(shlex.quote(a) for a in step.argv)
-        limits = Limits(time_s=run.compile_time_limit_s, memory_mb=run.compile_memory_limit_mb,
-                        stdout_bytes=64 << 20, stderr_bytes=1 << 16)
-        r = await self.run(
-            Program(language="bash", source=f"exec {cmd}", files={spec.main_file: source},
-                    collect=[spec.binary]), limits)
-        binary = r.files.get(spec.binary)
-        if r.status is Status.OK and binary:
-            return binary
+        runs' limits derive (``Limits.compile_time_limit_s``/``compile_memory_limit_mb``)."""
+        spec = spec_for(language, limits=limits)
+        if spec.compile is None:
+            return Graph(nodes=tuple(
+                Node(id=_test_node(i), program=Program(language=language, source=source,
+                                                       stdin=t.stdin), limits=limits)
+                for i, t in enumerate(tests)))
+        compile_limits = Limits(
+            time_s=limits.compile_time_limit_s, memory_mb=limits.compile_memory_limit_mb,
+            max_processes=max(64, limits.max_processes),
+            workdir_mb=limits.compile_workdir_limit_mb,
+            workdir_inodes=limits.compile_workdir_inodes,
+            stdout_bytes=limits.compile_output_mb << 20, stderr_bytes=1 << 16)
+        compile_node = Node(
+            id=_COMPILE_NODE, limits=compile_limits,
+            program=Program(language="bash", source=spec.compile_script(),
+                            files={spec.main_file: source, **spec.compile_files},
+                            collect=[spec.binary]))
+        artifact = (Input(node=_COMPILE_NODE, file=spec.binary),)
+        run_script = spec.run_script()
+        return Graph(nodes=(compile_node, *(
+            Node(id=_test_node(i), inputs=artifact, limits=limits,
+                 program=Program(language="bash", source=run_script, stdin=t.stdin))
+            for i, t in enumerate(tests))))
+
+    @staticmethod
+    def _compile_failure(compiled: NodeResult, run: Limits) -> ExecResult:
+        """The failed (or infrastructure-failed) compile run, as a compile_error result."""
+        r = compiled.result
+        assert r is not None
         if r.status is Status.SANDBOX_ERROR:
             return r
         r = with_compile_limit_note(r, run)
@@ -431,38 +481,72 @@ class Verifier:
 
     # -- checkers ---------------------------------------------------------------------------
 
-    async def _apply_checker(self, task: Task, judged: list[_Judged]) -> list[TestOutcome]:
-        """Run the task's checker on every output waiting for one (each in its own sandbox)."""
+    async def _apply_checker(self, task: Task, judged: list[_Judged],
+                             checked: dict[str, ExecResult]) -> list[TestOutcome]:
+        """Judge every output waiting for the task's checker: by the checker run the test's
+        graph already made (``checked``, by test name), else in a graph of checker runs, each
+        in its own sandbox."""
         checker = task.checker
         if checker is None:
             return [o for o, _ in judged]
         by_name = {t.name: t for t in task.tests if isinstance(t, IOTest)}
-        limits = Limits(time_s=max(10.0, task.limits.time_s * 2), memory_mb=1024)
+        pending = [(o, out) for o, out in judged if out is not None and o.name not in checked]
+        if pending:
+            done = await self.graph(Graph(nodes=tuple(
+                Node(id=_check_node(k), limits=self._checker_limits(task),
+                     program=self._checker_program(task, by_name[o.name], out))
+                for k, (o, out) in enumerate(pending))))
+            checked = dict(checked)
+            for k, (o, _) in enumerate(pending):
+                r = done[_check_node(k)].result
+                assert r is not None  # no parents: every node runs
+                checked[o.name] = r
+        return [o if out is None else self._checker_verdict(o, checked[o.name])
+                for o, out in judged]
 
-        async def check(o: TestOutcome, stdout: str | None) -> TestOutcome:
-            if stdout is None:
-                return o
-            test = by_name[o.name]
-            program = Program(
-                language=checker.language,
-                source=checker.source,
-                files={"input.txt": test.stdin, "output.txt": stdout,
-                       "answer.txt": test.expected_stdout},
-                argv=["input.txt", "output.txt", "answer.txt"],
-            )
-            r = await self.run(program, limits)
-            if r.status is Status.SANDBOX_ERROR:
-                return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
-                                            "detail": f"checker: {r.error}"})
-            if r.status is Status.OK:
-                return o
-            # A checker that rejects, or fails on this output, does not accept it. Its failure is
-            # recorded, never turned into a null reward that a completion could provoke.
-            tail = (r.stdout or r.stderr)[-200:]
-            why = f"checker: {r.status.value}, exit {r.exit_code}: {tail}"
-            return o.model_copy(update={"verdict": Verdict.WRONG_ANSWER, "detail": why})
+    @staticmethod
+    def _checker_limits(task: Task) -> Limits:
+        return Limits(time_s=max(10.0, task.limits.time_s * 2), memory_mb=1024)
 
-        return list(await asyncio.gather(*(check(o, out) for o, out in judged)))
+    @staticmethod
+    def _checker_program(task: Task, test: IOTest, stdout: str | None) -> Program:
+        """The task's checker on one test: argv ``input.txt output.txt answer.txt``
+        (``output.txt`` comes from the test run's node when ``stdout`` is None)."""
+        checker = task.checker
+        assert checker is not None
+        files: dict[str, str | bytes] = {"input.txt": test.stdin,
+                                         "answer.txt": test.expected_stdout}
+        if stdout is not None:
+            files["output.txt"] = stdout
+        return Program(language=checker.language, source=checker.source, files=files,
+                       argv=["input.txt", "output.txt", "answer.txt"])
+
+    @staticmethod
+    def _checker_verdict(o: TestOutcome, r: ExecResult) -> TestOutcome:
+        if r.status is Status.SANDBOX_ERROR:
+            return o.model_copy(update={"verdict": Verdict.SANDBOX_ERROR,
+                                        "detail": f"checker: {r.error}"})
+        if r.status is Status.OK:
+            return o
+        # A checker that rejects, or fails on this output, does not accept it. Its failure is
+        # recorded, never turned into a null reward that a completion could provoke.
+        tail = (r.stdout or r.stderr)[-200:]
+        why = f"checker: {r.status.value}, exit {r.exit_code}: {tail}"
+        return o.model_copy(update={"verdict": Verdict.WRONG_ANSWER, "detail": why})
+
+
+_COMPILE_NODE = "compile"
+
+
+def _test_node(i: int) -> str:
+    return f"test:{i}"
+
+
+def _check_node(i: int) -> str:
+    return f"check:{i}"
+
+
+_NOT_RUN = NodeResult(id="", state=NodeState.CANCELLED)
 
 
 # A judged test, and the program output still waiting for the task's checker (if any).

@@ -134,6 +134,9 @@ def runtime_binds(python: str) -> tuple[tuple[str, ...], dict[str, str]]:
                 "/etc/localtime", "/etc/nsswitch.conf", "/etc/ssl/certs"):
         if os.path.exists(etc):
             binds.append(etc)
+    # Debian's JDK keeps its configuration (jvm.cfg, java.security) in /etc/java-<version>,
+    # linked from /usr/lib/jvm: without it no JVM starts. Configuration only, no secrets.
+    binds.extend(sorted(str(p) for p in Path("/etc").glob("java-*") if p.is_dir()))
     prefixes = _python_prefixes(python)
     for p in prefixes:
         if not any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):

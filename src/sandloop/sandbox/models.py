@@ -29,7 +29,7 @@ class ProgramInputError(SandboxError, InputError):
     ``ValueError``, so pydantic reports it as a validation error inside a model."""
 
 
-LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust", "typescript")
 _LANGUAGE_ALIASES = {
     "python3": "python",
     "py": "python",
@@ -39,6 +39,9 @@ _LANGUAGE_ALIASES = {
     "node": "javascript",
     "nodejs": "javascript",
     "sh": "bash",
+    "golang": "go",
+    "rs": "rust",
+    "ts": "typescript",
 }
 
 
@@ -70,6 +73,8 @@ COMPILE_TIME_FLOOR_S = 20.0
 COMPILE_TIME_CAP_S = 30.0
 COMPILE_MEMORY_FLOOR_MB = 512
 COMPILE_MEMORY_CAP_MB = 1024
+COMPILE_WORKDIR_FLOOR_MB = 256
+COMPILE_WORKDIR_INODES_FLOOR = 4096
 
 FileContent = Annotated[str | bytes, Field(description="text (UTF-8) or raw bytes")]
 
@@ -142,6 +147,21 @@ class Limits(BaseModel):
         if self.compile_memory_mb is not None:
             return self.compile_memory_mb
         return min(max(self.memory_mb, COMPILE_MEMORY_FLOOR_MB), COMPILE_MEMORY_CAP_MB)
+
+    # The compile step's scratch space (its work dir and /tmp) is not the program's: Go's build
+    # cache (256 directories before the first object), rustc's objects and the linker's
+    # temporary files took over 8 MiB for a hello world, so a run with workdir_mb=8 failed to
+    # compile: a false compile error. tmpfs pages are charged to the compile step's cgroup, so
+    # its memory limit still bounds what the scratch space can take.
+    @property
+    def compile_workdir_limit_mb(self) -> int:
+        """The compile step's work dir and /tmp size: ``workdir_mb``, at least 256 MiB."""
+        return max(self.workdir_mb, COMPILE_WORKDIR_FLOOR_MB)
+
+    @property
+    def compile_workdir_inodes(self) -> int:
+        """The compile step's file count limit: ``workdir_inodes``, at least 4096."""
+        return max(self.workdir_inodes, COMPILE_WORKDIR_INODES_FLOOR)
 
     def compile_limit_note(self, status: Status) -> str | None:
         """What to tell the user when the compile step ended for one of its limits, or None."""
@@ -244,6 +264,10 @@ OWN_FILES: dict[str, tuple[str, ...]] = {
     "cpp": ("main.cpp", "main"),
     "javascript": ("main.js",),
     "bash": ("main.sh",),
+    "java": ("Main.java", "main.jar", ".sandloop-build"),
+    "go": ("main.go", "main", ".sandloop-build"),
+    "rust": ("main.rs", "main"),
+    "typescript": ("main.ts", "main.js", "sandloop-node.d.ts"),
 }
 
 MAX_PATH_BYTES = 1024  # a whole relative path, UTF-8

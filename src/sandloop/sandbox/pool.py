@@ -78,8 +78,10 @@ def _step_limits(limits: Limits, *, compile_step: bool) -> StepLimits:
             wall_s=limits.compile_time_limit_s, cpu_s=limits.compile_time_limit_s,
             memory_bytes=limits.compile_memory_limit_mb << 20, max_pids=max(64, limits.max_processes),
             cpus=1.0, cpu_weight=limits.cpu_weight, stdout_bytes=1 << 16, stderr_bytes=1 << 16, kill_output_bytes=8 << 20,
-            # The binary must survive into the run step: same work dir, same size.
-            workdir_mb=limits.workdir_mb, workdir_inodes=limits.workdir_inodes,
+            # Scratch space for the toolchain; the artifact alone travels to the run step
+            # (collect_max bounds it, and the run's own work dir must hold it).
+            workdir_mb=limits.compile_workdir_limit_mb,
+            workdir_inodes=limits.compile_workdir_inodes,
             open_files=max(limits.open_files, 256),
         )
     return StepLimits(
@@ -582,7 +584,7 @@ class SandboxPool:
         # In a workspace the program's own file goes to the run's /tmp: the workspace keeps
         # only what the user and their programs put there.
         spec = spec_for(program.language, tuple(program.argv),
-                        main_dir="/tmp" if work else WORK_DIR)
+                        main_dir="/tmp" if work else WORK_DIR, limits=limits)
         files = {name: _as_bytes(v) for name, v in program.files.items()}
         files[spec.main_file] = program.source.encode()
         env = sandbox_env(spec.name)
@@ -592,7 +594,8 @@ class SandboxPool:
             # Each step gets a fresh work dir; the binary travels from one to the next.
             c = await slot.execute(
                 spec.compile, _step_limits(limits, compile_step=True), stdin=b"",
-                files=pack_files(files), env=env, collect=(spec.binary,),
+                files=pack_files({**files, **spec.compile_files}),
+                env={**env, **spec.compile_env}, collect=(spec.binary,),
                 collect_max=limits.compile_output_mb << 20,
             )
             compile_result = classify(c, cpu_limit_s=limits.compile_time_limit_s,
@@ -612,13 +615,13 @@ class SandboxPool:
                                   wall_time_s=compile_result.wall_time_s)
             files = {n: d for n, d in files.items() if n != spec.main_file}
             files[spec.binary] = binary
-            executable = frozenset({spec.binary})
+            executable = frozenset({spec.binary}) if spec.native else frozenset()
         own = spec.binary if spec.compile is not None else spec.main_file
         tmp_files = {own: files.pop(own)} if work else {}
         o: StepOutcome = await slot.execute(
             spec.run, _step_limits(limits, compile_step=False),
             stdin=_as_bytes(program.stdin), files=pack_files(files, executable, tmp_files),
-            env=env,
+            env={**env, **spec.run_env},
             work=work, collect=tuple(program.collect), collect_max=limits.stdout_bytes,
             on_end=on_end,
         )

@@ -199,8 +199,11 @@ async def run_unisolated(program: object, limits: Limits, spec: LanguageSpec, py
         try:
             compile_result = None
             if spec.compile is not None:
+                for name, data in spec.compile_files.items():
+                    Path(d, name).write_bytes(data)
                 compile_result, _ = await _run_step(_argv(spec.compile, d, python), d, b"",
-                                                    limits, limits.compile_time_limit_s, env, who)
+                                                    limits, limits.compile_time_limit_s,
+                                                    {**env, **spec.compile_env}, who)
                 compile_result = with_compile_limit_note(compile_result, limits)
                 if compile_result.status is not Status.OK:
                     return ExecResult(status=Status.COMPILE_ERROR, compile=compile_result,
@@ -208,7 +211,7 @@ async def run_unisolated(program: object, limits: Limits, spec: LanguageSpec, py
             stdin = (program.stdin.encode() if isinstance(program.stdin, str)
                      else (program.stdin or b""))
             result, _ = await _run_step(_argv(spec.run, d, python), d, stdin, limits,
-                                        limits.time_s, env, who)
+                                        limits.time_s, {**env, **spec.run_env}, who)
             files: dict[str, bytes] = {}
             for name in program.collect:
                 got = _read_collected(d, name, limits.stdout_bytes, who.uid)

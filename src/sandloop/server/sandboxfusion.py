@@ -33,7 +33,8 @@ __all__ = [
 # SandboxError naming the language (the infrastructure cannot run it; not the program's fault).
 LANGUAGE_MAP = {
     "python": "python", "python3": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript",
-    "js": "javascript", "javascript": "javascript", "bash": "bash",
+    "js": "javascript", "javascript": "javascript", "bash": "bash", "java": "java", "go": "go",
+    "rust": "rust", "typescript": "typescript",
 }
 SF_LANGUAGES = (
     "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript",

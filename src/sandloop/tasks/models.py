@@ -19,7 +19,7 @@ SCHEMA = "sandloop.task/v1"
 
 TestKind = Literal["function", "stdio", "script"]
 Split = Literal["train", "eval"]
-LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust", "typescript")
 
 
 class _Frozen(BaseModel):
@@ -156,7 +156,8 @@ class Task(_Frozen):
     @field_validator("language")
     @classmethod
     def _language(cls, v: str) -> str:
-        key = {"python3": "python", "py": "python", "c++": "cpp", "js": "javascript"}.get(
+        key = {"python3": "python", "py": "python", "c++": "cpp", "js": "javascript",
+               "golang": "go", "rs": "rust", "ts": "typescript"}.get(
             v.strip().lower(), v.strip().lower()
         )
         if key not in LANGUAGES:
