@@ -114,15 +114,20 @@ async def bench_simulation(nodes: int, jobs: int, slots_per_node: int, run_s: fl
         wall = time.perf_counter() - t0 + t_submit
         frag = backend.fragmentation()
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert all(r.status is Status.OK for r in results)
+    # Every job ran once, each on a slot of its own: the figures below are of that.
+    assert len(results) == jobs and all(r.status is Status.OK for r in results)
+    assert eng.stats.completed == jobs and eng.stats.retried == 0, eng.stats
+    assert 0 < running[1] <= nodes * slots_per_node, running
     # The same jobs through the engine over ONE scripted backend of the same total slots: the
     # engine's and the fake runs' own cost, so the difference is the cluster layer's.
     async with Engine(ScriptedBackend(script, slots=nodes * slots_per_node),
                       cpus=nodes * slots_per_node, memory_mb=1 << 30, max_queued=jobs) as one:
         t0 = time.perf_counter()
         hs = [one.submit_nowait(prog, lim) for _ in range(jobs)]
-        await asyncio.gather(*(h.result() for h in hs))
+        one_results = await asyncio.gather(*(h.result() for h in hs))
         one_wall = time.perf_counter() - t0
+        assert all(r.status is Status.OK for r in one_results) and one.stats.retried == 0
+    assert len(one_results) == jobs
     floor = jobs / (nodes * slots_per_node) * run_s  # waves of runs if dispatch cost nothing
     print(f"   submit {jobs:,} jobs: {t_submit:.2f} s ({jobs / t_submit:,.0f} jobs/s)")
     print(f"   all done in {wall:.2f} s (floor {floor:.2f} s: dispatch overhead "

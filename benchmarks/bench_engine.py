@@ -123,8 +123,9 @@ async def bench_priority(k: int) -> None:
                 while not stop.is_set():
                     yield flood_prog
 
-            async for _ in e.stream(feed(), Limits(time_s=10), priority="train", client="train",
-                                    window=64):
+            async for _, r in e.stream(feed(), Limits(time_s=10), priority="train",
+                                       client="train", window=64):
+                assert r.status is Status.OK, r
                 n += 1
                 if stop.is_set():
                     break
@@ -137,10 +138,16 @@ async def bench_priority(k: int) -> None:
         queued = len(e._queue)
         stop.set()
         flooded = await ft
+    # "Loaded" means it: the flood held slots while the eval runs were measured, and ran.
+    assert len(idle) == len(loaded) == k and busy_slots > 0 and flooded > 0, \
+        (len(idle), len(loaded), busy_slots, flooded)
     print(f"  idle:    p50 {pct(idle, 50) * 1e3:6.1f} ms   p99 {pct(idle, 99) * 1e3:6.1f} ms")
     print(f"  loaded:  p50 {pct(loaded, 50) * 1e3:6.1f} ms   p99 {pct(loaded, 99) * 1e3:6.1f} ms"
           f"   ({busy_slots} slots busy, {queued} low-priority jobs queued, {flooded} flood runs)")
     print(f"  p99 loaded / idle = {pct(loaded, 99) / pct(idle, 99):.2f}x   (target <= 2x)")
+
+
+SHORT_SUM = sum(range(300000))
 
 
 async def bench_mix(n_short: int, n_long: int) -> None:
@@ -167,6 +174,11 @@ async def bench_mix(n_short: int, n_long: int) -> None:
         got = [r async for _, r in e.stream(items)]
         t_engine = time.perf_counter() - t0
     assert all(r.ok for r in naive) and all(r.ok for _, r in zip(items, got, strict=True))
+    # Every run did its work (the engine's stream yields in completion order: count outputs).
+    for side in (naive, got):
+        outs = [r.stdout for r in side]
+        assert outs.count("slept\n") == n_long and outs.count(f"{SHORT_SUM}\n") == n_short, \
+            sorted(set(outs))
     shorts_e = [r.wall_time_s for r in got if r.stdout != "slept\n"]
     shorts_n = [r.wall_time_s for r in naive if r.stdout != "slept\n"]
     n = len(items)
@@ -217,6 +229,7 @@ async def bench_sessions(n: int, active: int) -> None:
             batch = await asyncio.gather(*(e.open_session(limits=Limits(workdir_mb=4, workdir_inodes=64))
                                            for _ in range(min(50, n - i))))
             sessions.extend(batch)
+        assert len(sessions) == n, len(sessions)
         await asyncio.gather(*(s.write_files({"state.txt": f"{j}\n" * 16})
                                for j, s in enumerate(sessions)))
         t_open = time.perf_counter() - t0
@@ -230,13 +243,14 @@ async def bench_sessions(n: int, active: int) -> None:
         async def turn(s: object) -> None:
             t = time.perf_counter()
             r = await s.run("cat state.txt >> log.txt; wc -l < log.txt")  # type: ignore[attr-defined]
-            assert r.ok, r
+            assert r.ok and int(r.stdout) % 16 == 0, r  # the session's own file, appended
             lat.append(time.perf_counter() - t)
 
         t0 = time.perf_counter()
         for _ in range(3):
             await asyncio.gather(*(turn(s) for s in sessions[:active]))
         dt = time.perf_counter() - t0
+        assert len(lat) == 3 * active, len(lat)
         print(f"  {active} active sessions x 3 turns: {3 * active / dt:.0f} turns/s, turn latency "
               f"p50 {pct(lat, 50) * 1e3:.0f} ms p99 {pct(lat, 99) * 1e3:.0f} ms (concurrent)")
         t0 = time.perf_counter()

@@ -65,6 +65,9 @@ async def bench_reset(engine: Engine, task: RepoTask, n: int) -> None:
         await ep.reset()
         assert ep.reset_s is not None
         times.append(ep.reset_s)
+        # The reset copied the repository in (a reset that fails fast is no reset).
+        obs = await ep.call("read_file", path="tests/test_pkg.py")
+        assert obs.get("content", "").startswith("def test_ok"), obs
         await ep.close()
     print(f"reset ({len(task.files)} files, {n} episodes): p50 {pct(times, 50) * 1e3:.1f} ms, "
           f"p99 {pct(times, 99) * 1e3:.1f} ms  (target p50 <= 50 ms)")
@@ -81,6 +84,7 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
     print(f"live: {n} episodes reset at once in {opened:.1f} s; idle memory per episode: "
           f"supervisor RSS {(rss1 - rss0) / n / 1024:.0f} KiB, files (tmpfs) "
           f"{(shm1 - shm0) / n / 1024:.0f} KiB")
+    assert all(ep.reset_s is not None for ep in eps)
     lat: list[float] = []
 
     async def act(ep: Episode, think: bool) -> None:
@@ -92,14 +96,18 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
             path = f"pkg/mod{i // 50}/m{i}.py"
             t = time.perf_counter()
             if r % 2:
-                await ep.call("write_file", path="notes.txt", content=f"round {r}\n" * 20)
+                obs = await ep.call("write_file", path="notes.txt", content=f"round {r}\n" * 20)
+                ok = obs.get("ok") is True
             else:
-                await ep.call("read_file", path=path)
+                obs = await ep.call("read_file", path=path)
+                ok = obs.get("content", "").startswith(f"def f{i}(x):")
             lat.append(time.perf_counter() - t)
+            assert ok, obs  # a timed call did its work (an error observation is fast)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(act(ep, True) for ep in eps))
     wall = time.perf_counter() - t0
+    assert len(lat) == n * rounds, len(lat)
     print(f"live, paced (think 0.5-1.5 s): {len(lat)} read_file/write_file calls over {n} "
           f"episodes: p50 {pct(lat, 50) * 1e3:.0f} ms, p99 {pct(lat, 99) * 1e3:.0f} ms, "
           f"{len(lat) / wall:.0f} calls/s  (target p99 <= 200 ms)")
@@ -107,6 +115,7 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
     t0 = time.perf_counter()
     await asyncio.gather(*(act(ep, False) for ep in eps))
     wall = time.perf_counter() - t0
+    assert len(lat) == n * rounds, len(lat)
     print(f"live, saturated (no think time): {len(lat) / wall:.0f} calls/s, p50 "
           f"{statistics.median(lat) * 1e3:.0f} ms, p99 {pct(lat, 99) * 1e3:.0f} ms")
     per_tool: dict[str, list[float]] = {"write_file": [], "run": [], "read_file": []}
@@ -119,10 +128,15 @@ async def bench_live(engine: Engine, task: RepoTask, n: int, rounds: int) -> Non
                                ("read_file", {"path": "log.txt"})):
                 await asyncio.sleep(rnd.uniform(0.5, 1.5))
                 t = time.perf_counter()
-                await ep.call(tool, args)
+                obs = await ep.call(tool, args)
                 per_tool[tool].append(time.perf_counter() - t)
+                assert "error" not in obs and obs.get("exit_code", 0) == 0, (tool, obs)
+                if tool == "read_file":  # it saw the run's append: one line per round so far
+                    assert obs["content"].splitlines()[-1] == str(r), obs
 
     await asyncio.gather(*(with_runs(ep) for ep in eps))
+    assert all(len(v) == n * max(1, rounds // 2) for v in per_tool.values()), \
+        {k: len(v) for k, v in per_tool.items()}
     print("live, paced, each read after a run (it must ask the work dir): " + ", ".join(
         f"{k} p50 {pct(v, 50) * 1e3:.0f} ms p99 {pct(v, 99) * 1e3:.0f} ms"
         for k, v in per_tool.items()))

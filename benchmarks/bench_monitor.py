@@ -107,7 +107,7 @@ def main() -> int:
         t0 = time.process_time()
         parsed = sum(1 for _ in read_log(path))
         parse_s = time.process_time() - t0
-    assert parsed == n
+    assert parsed == n == a.steps * a.per_step, (parsed, n)
 
     print(f"run: {a.steps} steps x {a.per_step} rollouts = {n} rollouts, hack from step "
           f"{a.hack_from}: first alert at step {first} ({codes}); clean run: no alerts")

@@ -77,6 +77,9 @@ int main(void) {
 """
 
 
+C_STDOUT = "2999997\n"  # sum(i % 7 for i in range(1_000_000))
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
@@ -127,11 +130,14 @@ def bare_runner(source: str, tmp: str) -> Callable[[], Awaitable[float]]:
     return one
 
 
-def isolated_runner(pool: SandboxPool, program: Program) -> Callable[[], Awaitable[float]]:
+def isolated_runner(pool: SandboxPool, program: Program,
+                    stdout: str = "") -> Callable[[], Awaitable[float]]:
+    """Times one run, which must succeed and print ``stdout`` (what is timed is the program)."""
     async def one() -> float:
         t = time.perf_counter()
         r = await pool.run(program, Limits(time_s=10))
         assert r.status is Status.OK, (r.status, r.stderr, r.error)
+        assert r.stdout == stdout, (r.stdout[:200], r.stderr[-500:])
         return time.perf_counter() - t
 
     return one
@@ -242,6 +248,8 @@ async def main() -> None:
                 await measure(5, cores, bare_runner(src, tmp))
                 (lat_i, rps_i), (lat_b, rps_b) = await interleaved(
                     n, cores, 10, [isolated_runner(pool, prog), bare_runner(src, tmp)])
+                # Both sides ran as many programs as the figures below are of.
+                assert len(lat_i) == len(lat_b) == max(1, n // 10) * 10, (len(lat_i), len(lat_b))
                 print(f"({label})")
                 print("  " + row("full isolation (sandloop)", lat_i, rps_i))
                 print("  " + row("bare subprocess.run, no isolation", lat_b, rps_b))
@@ -250,7 +258,9 @@ async def main() -> None:
                 print(f"  ratio isolated/bare median wall: {ratio:.2f}  "
                       f"(target <= 0.50)   throughput x{rps_i / rps_b:.2f}\n")
             cprog = Program(language="c", source=C_PROGRAM)
-            lat_c, rps_c = await measure(max(10, n // 10), cores, isolated_runner(pool, cprog))
+            n_c = max(10, n // 10)
+            lat_c, rps_c = await measure(n_c, cores, isolated_runner(pool, cprog, C_STDOUT))
+            assert len(lat_c) == n_c, len(lat_c)
             print("(C program, compile + run, full isolation)")
             print("  " + row("gcc -O2 + run (sandloop)", lat_c, rps_c))
             print()

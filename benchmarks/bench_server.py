@@ -2,7 +2,7 @@
 programs (prompt + canonical solution + tests + check) at concurrency 1, 8 and 32.
 
 Prints runs/s and p50/p99 latency per concurrency (full isolation). The server runs in its own
-process (python -m sandloop.server serve) on 127.0.0.1. The load generator runs on the same
+process (python -m sandloop serve) on 127.0.0.1. The load generator runs on the same
 cores, and every millisecond of CPU it spends per request is one the server under test does not
 get, so it is as small as a load generator can be: one keep-alive HTTP/1.1 connection per
 worker, the request bodies serialised beforehand, the reply's status checked, on uvloop. That
@@ -165,6 +165,7 @@ class Level:
     p50_ms: float
     p99_ms: float
     failed: int
+    runs: int  # requests that came back (with an answer, whatever it was)
     server_cpu_ms: float  # machine CPU per request minus the client's
     client_cpu_ms: float
 
@@ -204,7 +205,7 @@ class Tally:
         lat = self.lat or [0.0]  # (none only if no block ran)
         client = self.client_cpu_s / self.runs
         return Level(concurrency, self.steady_runs / self.steady_s, statistics.median(lat) * 1e3,
-                     pct(lat, 99) * 1e3, self.bad,
+                     pct(lat, 99) * 1e3, self.bad, len(self.lat),
                      (self.machine_cpu_s / self.runs - client) * 1e3, client * 1e3)
 
 
@@ -255,7 +256,7 @@ def main() -> None:
     a = ap.parse_args()
     port = free_port()
     # Its default logging (one JSON line per request), as SandboxFusion keeps its own.
-    cmd = [sys.executable, "-m", "sandloop.server", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "sandloop", "serve", "--port", str(port)]
     if a.slots:
         cmd += ["--slots", str(a.slots)]
     srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -278,6 +279,13 @@ def main() -> None:
     finally:
         srv.terminate()
         srv.wait(30)
+    # The figures are of what they say: every reference program ran and passed, on each server,
+    # at each level (a fast failure is no run/s).
+    wrong = [f"{name} c={v.concurrency}: {v.failed} of {v.runs} not Success"
+             for name, levels in (("sandloop", ours), ("SandboxFusion", theirs))
+             for v in levels if v.failed or v.runs != len(codes)]
+    if wrong:
+        raise SystemExit("benchmark invalid: " + "; ".join(wrong))
     print_table(f"sandloop serve /run_code, HumanEval references ({len(codes)} runs per level), "
                 f"full isolation, {os.cpu_count()} cores, the client on the same cores",
                 ours)

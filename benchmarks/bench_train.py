@@ -36,10 +36,22 @@ def main() -> None:
                                  num_generations=gens, eval_samples=1, eval_limit=4,
                                  save_checkpoints=False, slots=args.slots))
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    per = max(1, args.completions // gens) * gens
+    # The steps timed are the steps asked for, each scoring ``per`` completions, none lost to
+    # the infrastructure (a failed verification is fast and would flatter the sandbox share).
+    steps = sorted({r["step"] for r in rows})
+    per_step = {s: sum(r["step"] == s for r in rollouts) for s in steps}
+    problems = [f"{len(rows)} metric rows for {args.steps} steps"] if len(rows) != args.steps \
+        else []
+    problems += [f"step {s}: {c} rollouts, not {per}" for s, c in per_step.items() if c != per]
+    problems += [f"step {r['step']}: {r['infra_failures']} infrastructure failures"
+                 for r in rows if r["infra_failures"]]
+    if problems:
+        raise SystemExit("benchmark invalid: " + "; ".join(problems))
     rows = rows[1:] or rows
     med = {k: statistics.median(r[k] for r in rows)
            for k in ("generation_s", "sandbox_s", "update_s", "step_s")}
-    per = max(1, args.completions // gens) * gens
     print(f"completions per step: {per}, steps measured: {len(rows)}")
     for k, v in med.items():
         print(f"  {k:<13} {v:8.3f} s")

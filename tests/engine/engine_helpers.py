@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ZYGOTE = b"sandloop/sandbox/zygote"  # the package dir on its command line (BOOTSTRAP)
 SLOT_UIDS = range(61000, 61000 + 64 * 256)  # every pool's slot uid range (pool.py)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, checked every 5 ms: tests synchronise on the state they
+    need (a job running, a session reaped), not on a guess of how long it takes to get there.
+    Fails the test, saying ``what`` was awaited, after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        await asyncio.sleep(0.005)
 
 
 def _table() -> dict[int, tuple[int, bool]]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from engine_helpers import assert_none_left, sandbox_processes
+from engine_helpers import assert_none_left, sandbox_processes, until
 
 from sandloop import ExecResult, Limits, Program, Status
 from sandloop.engine import Engine, IdempotencyConflict, Journal, LocalBackend
@@ -79,13 +79,13 @@ async def test_a_key_reused_for_another_program_is_a_conflict(tmp_path: Path) ->
         assert (await e.run(_says("one"), FAST, key="k")) == first  # a true retry is answered
         slow = Program(source="import time\ntime.sleep(0.5)")
         running = asyncio.ensure_future(e.run(slow, FAST, key="busy"))
-        await asyncio.sleep(0.1)
+        await until(lambda: e.stats.running == 1, "the first run in flight")
         with pytest.raises(IdempotencyConflict):  # while the first is still in flight
             await e.run(_says("two"), FAST, key="busy")
         assert (await running).ok
     async with Engine(slots=1) as e:  # without a journal, in flight only
         running = asyncio.ensure_future(e.run(slow, FAST, key="busy"))
-        await asyncio.sleep(0.1)
+        await until(lambda: e.stats.running == 1, "the first run in flight")
         with pytest.raises(IdempotencyConflict):
             await e.run(_says("two"), FAST, key="busy")
         assert (await running).ok

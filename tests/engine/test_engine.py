@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from engine_helpers import assert_none_left, sandbox_processes
+from engine_helpers import assert_none_left, sandbox_processes, until
 
 from sandloop import ExecResult, Limits, Program, Status
 from sandloop.engine import (
@@ -69,7 +69,8 @@ async def test_high_priority_overtakes_a_low_priority_flood(engine: Engine) -> N
         order.append(r.stdout.strip())
 
     flood = [asyncio.create_task(one(f"l{i}", "train")) for i in range(12)]
-    await asyncio.sleep(0.05)  # the flood is queued and the slots are busy
+    await until(lambda: engine.stats.running == 2 and engine.snapshot().queued == 10,
+                "the slots busy and the rest of the flood queued")
     evals = [asyncio.create_task(one(f"e{i}", "eval")) for i in range(2)]
     await asyncio.gather(*flood, *evals)
     # Both evals run in the first free slots: no more than the 2 running + 2 more lows first.
@@ -100,7 +101,7 @@ async def test_deadline_while_running_and_while_queued(engine: Engine) -> None:
     assert time.monotonic() - t0 < 2.0
     # Fill both slots, then a queued job's deadline passes before a slot frees.
     busy = [asyncio.create_task(engine.run(sleeper(1.0), FAST)) for _ in range(2)]
-    await asyncio.sleep(0.1)
+    await until(lambda: engine.stats.running == 2, "both slots busy")
     with pytest.raises(DeadlineExceeded, match="timeout_s"):
         await engine.run(Program(source="print(1)"), FAST, timeout_s=0.3)
     assert all(r.ok for r in await asyncio.gather(*busy))
@@ -108,15 +109,17 @@ async def test_deadline_while_running_and_while_queued(engine: Engine) -> None:
 
 async def test_cancelled_queued_job_never_runs(engine: Engine) -> None:
     busy = [asyncio.create_task(engine.run(sleeper(0.5), FAST)) for _ in range(2)]
-    await asyncio.sleep(0.1)
+    await until(lambda: engine.stats.running == 2, "both slots busy")
     before = engine.stats.executed
     h = await engine.submit(Program(source="print('never')"), FAST)
     assert h.cancel()
     with pytest.raises(asyncio.CancelledError):
         await h.result()
     await asyncio.gather(*busy)
-    await asyncio.sleep(0.1)
-    assert engine.stats.executed == before
+    # A job queued after it runs after it (same client and priority: first in, first out), so
+    # once this one has run, the cancelled one has had its turn, and must not have taken it.
+    assert (await engine.run(Program(source="print('after')"), FAST)).stdout == "after\n"
+    assert engine.stats.executed == before + 1
 
 
 async def test_impossible_resources_rejected_up_front(engine: Engine) -> None:
@@ -128,7 +131,7 @@ async def test_queue_overflow_is_explicit_and_loses_nothing() -> None:
     before = sandbox_processes()
     async with Engine(slots=1, max_queued=3) as e:
         handles = [await e.submit(sleeper(0.2, str(i)), FAST) for i in range(4)]  # 1 runs
-        await asyncio.sleep(0.05)
+        await until(lambda: e.stats.running == 1, "the first job running, three queued")
         with pytest.raises(QueueFull, match="max_queued"):
             e.submit_nowait(Program(source="print('x')"), FAST)
         with pytest.raises(QueueFull):
@@ -211,7 +214,7 @@ async def test_closed_engine_refuses_and_cancels_queued() -> None:
     await e.start()
     running = await e.submit(sleeper(0.3), FAST)
     queued = await e.submit(sleeper(0.3), FAST)
-    await asyncio.sleep(0.05)
+    await until(lambda: e.stats.running == 1, "the first job running")
     await e.close()
     assert (await running.result()).ok  # a running job finishes
     with pytest.raises(EngineClosed):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
@@ -85,3 +86,43 @@ def test_remote_scorer_with_the_server_down_says_so_in_one_error() -> None:
     with pytest.raises(RemoteScoringError, match="cannot reach the sandloop server") as info:
         scorer.score([ScoreItem("HumanEval/0", "    return False\n")])
     assert isinstance(info.value, IntegrationError) and f":{port}/v1/score" in str(info.value)
+
+
+def test_server_and_adapters_log_the_same_figures(server: LiveServer, monkeypatch: Any) -> None:
+    # One definition of the extra logs (reward/trainer_logs.py): POST /get_reward, OpenRLHF's
+    # reward file, verl's compute_score_batch and TRL's batch means agree on the same samples:
+    # all tests pass (fenced), half pass (unfenced), and a syntax error (compile_error).
+    monkeypatch.setenv("SANDLOOP_URL", server.url)
+    half = "a, b = map(int, input().split())\nprint(3)\n"  # right on "1 2", wrong on "3 4"
+    broken = "```python\ndef has_close_elements(:\n```"
+    prompts = ["Q1:", "Q2:", "Q3:"]
+    completions = [SUM, half, broken]
+    labels = [IO, IO, "HumanEval/0"]
+    queries = [p + c + "<|im_end|>" for p, c in zip(prompts, completions, strict=True)]
+    r = httpx.post(f"{server.url}/get_reward", timeout=60,
+                   json={"query": queries, "prompts": prompts, "labels": labels})
+    assert r.status_code == 200, r.text
+    http = r.json()
+    assert http["extra_logs"] == {"pass_fraction": [1.0, 0.5, 0.0],
+                                  "compile_error": [0.0, 0.0, 1.0],
+                                  "timeout": [0.0, 0.0, 0.0],
+                                  "fenced_code": [1.0, 0.0, 1.0]}
+
+    file_answer = reward_func(queries=queries, prompts=prompts, labels=labels)
+    assert {k: [float(x) for x in v] for k, v in file_answer["extra_logs"].items()} \
+        == http["extra_logs"]
+    assert [float(x) for x in file_answer["rewards"]] == http["rewards"]
+
+    outs = verl_adapter.compute_score_batch(data_sources=["x"] * 3, solution_strs=completions,
+                                            ground_truths=labels, extra_infos=[{}] * 3)
+    for key, values in http["extra_logs"].items():
+        assert [o[key] for o in outs] == values, key
+
+    metrics: dict[str, float] = {}
+    with Scorer(url=server.url) as scorer:
+        asyncio.run(sandloop_reward(scorer)(
+            prompts=prompts, completions=completions, task_id=labels,
+            log_metric=lambda k, v: metrics.__setitem__(k, v)))
+    for key, values in http["extra_logs"].items():
+        assert metrics[f"sandloop/{key}"] == pytest.approx(sum(values) / len(values)), key
+    assert metrics["sandloop/infra_failures"] == 0.0

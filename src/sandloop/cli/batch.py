@@ -89,9 +89,9 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
     """Run the batch; returns the exit code: 3 if a run hit a sandbox_error, else 2 if a line
     was invalid, else 0 (a program's own failure is a result, not an error)."""
     from sandloop import _aio as aio
+    from sandloop.cli.score import open_result_store
     from sandloop.sandbox.requests import BatchRequestError, parse_request_lines
-    from sandloop.settings import default_db_path
-    from sandloop.store import ResultStore, StoreError
+    from sandloop.store import StoreError
 
     try:
         parsed = parse_request_lines(_read_lines(file))
@@ -109,15 +109,11 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
     if not lines:
         _fail(f"{file}: no requests (the file is empty)")
         return ExitCode.BAD_INPUT
-    store: ResultStore | None = None
-    if not no_db:
-        path = db or default_db_path(settings)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            store = ResultStore(path)
-        except (StoreError, OSError) as e:
-            _fail(f"result store {path}: {e}")
-            return ExitCode.BAD_INPUT
+    try:
+        store = open_result_store(db, no_db, settings)
+    except StoreError as e:
+        _fail(str(e))
+        return ExitCode.BAD_INPUT
     from sandloop.engine.cluster import ClusterUnavailable
 
     interrupted = False

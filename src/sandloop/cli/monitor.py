@@ -62,22 +62,17 @@ def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
 def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
             no_isolation: bool) -> tuple[set[str], object]:
     """(task ids, async scoring function) through the ``sandloop score`` path."""
-    from sandloop.cli.score import default_db_path
+    from sandloop.cli.score import open_result_store
     from sandloop.engine import Engine
     from sandloop.reward.scoring import score_all
     from sandloop.reward.verdicts import RewardConfig
     from sandloop.reward.verifier import Verifier
-    from sandloop.store import ResultStore
     from sandloop.tasks import load_tasks
 
     by_id = {t.id: t for t in load_tasks(tasks)}
 
     async def score(items: Sequence[Completion]) -> list[CompletionResult]:
-        store = None
-        if not no_db:
-            path = db or default_db_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            store = ResultStore(path)
+        store = open_result_store(db, no_db)
         try:
             async with Engine(slots=slots, isolation="none" if no_isolation else "full"
                               ) as engine:

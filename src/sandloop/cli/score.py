@@ -37,7 +37,8 @@ from sandloop.settings import default_db_path as project_db_path
 from sandloop.store import ResultStore, StoreError
 from sandloop.tasks import Task, TaskFormatError, load_tasks
 
-__all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "score_command"]
+__all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "open_result_store",
+           "score_command"]
 
 DEMO_COMPLETIONS = "humaneval_demo.jsonl"
 
@@ -49,6 +50,20 @@ def default_db_path() -> Path:
     """``$SANDLOOP_DB``, the config file's ``db``, else one store per project in the cache
     (:func:`sandloop.settings.default_db_path`)."""
     return project_db_path()
+
+
+def open_result_store(db: Path | None, no_db: bool,
+                      settings: Settings | None = None) -> ResultStore | None:
+    """The result store of a command: ``--db``, else the project's (:func:`default_db_path`);
+    None with ``--no-db``. Raises StoreError naming the path when it cannot be opened."""
+    if no_db:
+        return None
+    path = db or project_db_path(settings)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return ResultStore(path)
+    except (StoreError, OSError) as e:
+        raise StoreError(f"result store {path}: {e}") from None
 
 
 def demo_completions_path() -> Path:
@@ -172,14 +187,10 @@ def score_command(
     problem = _rollout_options_problem(items, step, rollout_log)
     if problem:
         return _fail(problem)
-    store = None
-    if not no_db:
-        path = db or project_db_path(settings)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            store = ResultStore(path)
-        except (StoreError, OSError) as e:
-            return _fail(f"result store {path}: {e}")
+    try:
+        store = open_result_store(db, no_db, settings)
+    except StoreError as e:
+        return _fail(str(e))
     cached = 0
 
     async def run() -> list[CompletionResult]:

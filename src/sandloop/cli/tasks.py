@@ -200,19 +200,15 @@ def _validate(task_list: list[Task], against: Sequence[Task], cfg: Any, db: Path
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sandloop import _aio as aio
-    from sandloop.cli.score import default_db_path
+    from sandloop.cli.score import open_result_store
     from sandloop.curation.validate import validate_tasks
     from sandloop.engine import Engine
-    from sandloop.store import ResultStore, StoreError
+    from sandloop.store import StoreError
 
-    store = None
-    if not no_db:
-        path = db or default_db_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            store = ResultStore(path)
-        except (StoreError, OSError) as e:
-            raise _BadInput(str(e)) from None
+    try:
+        store = open_result_store(db, no_db)
+    except StoreError as e:
+        raise _BadInput(str(e)) from None
     started = time.perf_counter()
 
     async def run() -> ValidationRun:

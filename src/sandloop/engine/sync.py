@@ -1,15 +1,14 @@
 """A blocking wrapper around Engine for scripts and notebooks (no asyncio in the caller).
 
-The engine runs on its own event loop in a background thread; each call blocks until its answer.
-Safe to use from several threads at once.
+The engine runs on its own event loop in a background thread (``_aio.LoopThread``, the bridge the
+trainer adapters' Scorer uses too); each call blocks until its answer. Safe to use from several
+threads at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,21 +29,19 @@ class SyncEngine:
 
     def __init__(self, **engine_kwargs: Any) -> None:
         self._kwargs = engine_kwargs
-        self._loop = aio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sandloop-engine",
-                                        daemon=True)
+        self._loop = aio.LoopThread("sandloop-engine")
         self._engine: Engine | None = None
+        self._start_lock = threading.Lock()  # threads that use it unstarted make one engine
 
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
-        fut: Future[R] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return fut.result()
+        return self._loop.call(coro)
 
     @property
     def engine(self) -> Engine:
         """The underlying async Engine (use only from its loop); started on first use, so
         ``SyncEngine().run(...)`` works in a script (``close()`` it, or use ``with``)."""
         if self._engine is None:
-            if threading.current_thread() is self._thread:
+            if self._loop.in_thread():
                 raise RuntimeError("SyncEngine is not started: use 'with SyncEngine() as engine'")
             self.start()
         assert self._engine is not None
@@ -52,27 +49,22 @@ class SyncEngine:
 
     def start(self) -> None:
         """Start the background loop and the engine."""
-        if self._engine is not None:
-            return
-        self._thread.start()
 
         async def make() -> Engine:
             e = Engine(**self._kwargs)
             await e.start()
             return e
 
-        self._engine = self._call(make())
+        with self._start_lock:
+            if self._engine is None:
+                self._engine = self._call(make())
 
     def close(self) -> None:
         """Close the engine and stop the background loop."""
         if self._engine is not None:
             self._call(self._engine.close())
             self._engine = None
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-        if not self._loop.is_closed():
-            self._loop.close()
+        self._loop.stop()
 
     def __enter__(self) -> SyncEngine:
         self.start()

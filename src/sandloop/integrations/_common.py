@@ -18,7 +18,7 @@ from sandloop.integrations.scorer import Scorer
 from sandloop.reward import CompletionResult, RewardConfig
 
 __all__ = ["AdapterSettingError", "InfraFailure", "StepClock", "as_step", "close_default_scorers",
-           "default_scorer", "pass_fraction", "prompt_group", "reward_of", "run_groups"]
+           "default_scorer", "prompt_group", "reward_of", "run_groups"]
 
 _scorers: dict[tuple[Any, ...], Scorer] = {}
 _lock = threading.Lock()
@@ -69,10 +69,6 @@ def close_default_scorers() -> None:
         _scorers.clear()
     for s in scorers:
         s.close()
-
-
-def pass_fraction(r: CompletionResult) -> float:
-    return sum(t.verdict.value == "passed" for t in r.tests) / len(r.tests) if r.tests else 0.0
 
 
 def reward_of(r: CompletionResult, on_infra_failure: str) -> float | None:

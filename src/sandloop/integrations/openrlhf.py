@@ -2,7 +2,8 @@
 
 OpenRLHF calls ``reward_func(queries, prompts, labels)``; ``queries`` are prompt + response with
 special tokens kept, ``labels`` come from ``--data.label_key`` (a task id or the tests as JSON).
-Returns ``{"rewards", "scores", "extra_logs"}`` (tensors when torch is importable). The HTTP form
+Returns ``{"rewards", "scores", "extra_logs"}`` (tensors when torch is importable; the extra logs
+are ``reward.trainer_logs.EXTRA_LOGS``, as over HTTP). The HTTP form
 of the same protocol is ``sandloop serve``'s ``POST /get_reward``. Configure with ``SANDLOOP_*``
 environment variables (``_common.default_scorer``); an infrastructure failure raises.
 
@@ -22,12 +23,12 @@ from typing import Any
 from sandloop.integrations._common import (
     StepClock,
     default_scorer,
-    pass_fraction,
     prompt_group,
     reward_of,
 )
 from sandloop.integrations.scorer import ScoreItem
 from sandloop.reward.assemble import response_after_prompt as response_of
+from sandloop.reward.trainer_logs import openrlhf_answer
 
 __all__ = ["response_of", "reward_func"]
 
@@ -55,12 +56,12 @@ def _tensor(xs: list[float]) -> Any:
 def reward_func(queries: list[str], prompts: list[str], labels: list[Any],
                 **kwargs: Any) -> dict[str, Any]:
     s = default_scorer()
-    results = s.score([ScoreItem(label=lab, completion=response_of(q, p), group=prompt_group(p))
-                       for q, p, lab in zip(queries, prompts, labels, strict=True)],
-                      step=_step(len(queries)))
-    rewards = [float(reward_of(r, "raise") or 0.0) for r in results]
-    return {
-        "rewards": _tensor(rewards),
-        "scores": _tensor([min(1.0, max(0.0, x)) for x in rewards]),
-        "extra_logs": {"pass_fraction": _tensor([pass_fraction(r) for r in results])},
-    }
+    items = [ScoreItem(label=lab, completion=response_of(q, p), group=prompt_group(p))
+             for q, p, lab in zip(queries, prompts, labels, strict=True)]
+    results = s.score(items, step=_step(len(queries)))
+    for r in results:
+        reward_of(r, "raise")  # OpenRLHF cannot mask a sample: an unknown reward is an error
+    # The answer of ``POST /get_reward`` (the same protocol over HTTP), as tensors.
+    answer = openrlhf_answer(results, [i.completion for i in items])
+    return {"rewards": _tensor(answer["rewards"]), "scores": _tensor(answer["scores"]),
+            "extra_logs": {k: _tensor(v) for k, v in answer["extra_logs"].items()}}

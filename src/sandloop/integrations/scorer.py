@@ -1,6 +1,7 @@
 """Score (label, completion) pairs: in this process (an embedded engine) or via ``sandloop serve``.
 
-The embedded engine lives on its own event-loop thread, so one ``Scorer`` serves sync callers
+The embedded engine lives on its own event-loop thread (``_aio.LoopThread``, the bridge
+``SyncEngine`` uses too), so one ``Scorer`` serves sync callers
 (verl's ``compute_score``, OpenRLHF's ``reward_func``) and async ones (TRL's async reward
 functions) from any thread or loop.
 
@@ -12,19 +13,20 @@ and with ``rollout_log`` they are also appended to a SQLite rollout log here.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from sandloop import _aio as aio
 from sandloop.engine import Engine
 from sandloop.errors import IntegrationError
 from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.rolloutlog import RolloutLog
-from sandloop.reward import CompletionResult, RewardConfig, Verifier
+from sandloop.reward import CompletionResult, RewardConfig, Verifier, completion_hash
+from sandloop.reward.scoring import Completion, score_all
 from sandloop.tasks import Task, load_tasks, resolve_task
 
 
@@ -33,9 +35,6 @@ class RemoteScoringError(IntegrationError, RuntimeError):
     message names the URL and what to check (an infrastructure failure, not a reward)."""
 
 __all__ = ["RemoteScoringError", "ScoreItem", "Scorer"]
-
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class ScoreItem:
@@ -81,8 +80,7 @@ class Scorer:
         self.task_sets = tuple(task_sets)
         self._tasks: dict[str, Task] = {t.id: t for t in tasks}
         self._sets_loaded = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = aio.LoopThread("sandloop-scorer")
         self._engine: Engine | None = None
         self._verifier: Verifier | None = None
         self._engine_lock: asyncio.Lock | None = None
@@ -103,20 +101,7 @@ class Scorer:
                     self._sets_loaded = True
         return self._tasks
 
-    # -- the engine's loop thread ------------------------------------------------------------
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                t = threading.Thread(target=loop.run_forever, name="sandloop-scorer",
-                                     daemon=True)
-                t.start()
-                self._loop, self._thread = loop, t
-            return self._loop
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
-
+    # -- the engine's loop thread -----------------------------------------------------------
     async def _start_engine(self) -> Verifier:
         if self._verifier is None:
             # Concurrent first calls (OpenRLHF scores each sample on its own thread) must not
@@ -135,13 +120,13 @@ class Scorer:
 
     async def _score_local(self, pairs: list[tuple[Task, ScoreItem]]) -> list[CompletionResult]:
         verifier = await self._start_engine()
-        sem = asyncio.Semaphore(self.concurrency)
-
-        async def one(task: Task, item: ScoreItem) -> CompletionResult:
-            async with sem:
-                return await verifier.verify(task, item.completion, item.completion_id)
-
-        return list(await asyncio.gather(*(one(t, i) for t, i in pairs)))
+        # The one batch-scoring path (``sandloop score``'s and the server's); no result store
+        # here: a trainer's completions rarely repeat. The id is the one Verifier would give.
+        comps = [Completion(task_id=t.id, completion=i.completion,
+                            completion_id=i.completion_id or completion_hash(i.completion)[:12])
+                 for t, i in pairs]
+        return await score_all([t for t, _ in pairs], comps, verifier,
+                               concurrency=self.concurrency)
 
     # -- remote ------------------------------------------------------------------------------
     async def _score_remote(self, items: Sequence[ScoreItem],
@@ -210,7 +195,7 @@ class Scorer:
             return results
         tasks = self.tasks
         pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
-        results = await asyncio.wrap_future(self._call(self._score_local(pairs)))
+        results = await self._loop.acall(self._score_local(pairs))
         await asyncio.to_thread(self._record, items, results, step, pairs)
         return results
 
@@ -223,7 +208,7 @@ class Scorer:
             return results
         tasks = self.tasks
         pairs = [(resolve_task(i.label, tasks, language=i.language), i) for i in items]
-        results = self._call(self._score_local(pairs)).result()
+        results = self._loop.call(self._score_local(pairs))
         self._record(items, results, step, pairs)
         return results
 
@@ -233,16 +218,12 @@ class Scorer:
             log, self._log = self._log, None
         if log is not None:
             log.close()
-        loop = self._loop
-        if loop is None:
+        if not self._loop.started:
             return
         if self._engine is not None:
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._engine.close(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop = self._thread = None
+                self._loop.call(self._engine.close(), timeout=60)
+        self._loop.stop(timeout=10)
         self._engine = self._verifier = None
         self._engine_lock = None
 

@@ -4,7 +4,9 @@ TRL calls reward functions as ``f(prompts=..., completions=..., completion_ids=.
 trainer_state=..., log_extra=..., log_metric=..., **dataset_columns)`` and gathers async ones
 concurrently. The dataset column named ``label_column`` (default: the first of ``task_id``,
 ``task``, ``tests``, ``ground_truth``, ``verification_info`` present) carries a task id or the
-tests. An infrastructure failure gives ``None`` (TRL excludes that sample), never 0.
+tests. An infrastructure failure gives ``None`` (TRL excludes that sample), never 0. Each call
+logs (``log_metric``) ``sandloop/<name>`` for ``reward.trainer_logs.mean_logs``: the batch means
+of the figures the other adapters log per sample, and ``sandloop/infra_failures``.
 
 For the reward monitor each score is a rollout of step ``trainer_state.global_step``, grouped by
 prompt (TRL lays out the ``num_generations`` completions of one prompt consecutively; a group
@@ -20,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sandloop.integrations._common import as_step, default_scorer, pass_fraction, run_groups
+from sandloop.integrations._common import as_step, default_scorer, run_groups
 from sandloop.integrations.scorer import ScoreItem, Scorer
+from sandloop.reward.trainer_logs import mean_logs
 
 __all__ = ["LABEL_COLUMNS", "completion_text", "sandloop_reward"]
 
@@ -56,14 +59,13 @@ def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = 
         step = as_step(getattr(kwargs.get("trainer_state"), "global_step", None))
         groups = run_groups(prompts if prompts is not None else labels)
         s = scorer or default_scorer()
-        results = await s.ascore([
-            ScoreItem(label=lab, completion=completion_text(c), language=lang, group=g)
-            for lab, c, lang, g in zip(labels, comps, langs, groups, strict=True)], step=step)
+        items = [ScoreItem(label=lab, completion=completion_text(c), language=lang, group=g)
+                 for lab, c, lang, g in zip(labels, comps, langs, groups, strict=True)]
+        results = await s.ascore(items, step=step)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric) and results:
-            log_metric("sandloop/pass_fraction",
-                       sum(pass_fraction(r) for r in results) / len(results))
-            log_metric("sandloop/infra_failures", float(sum(r.reward is None for r in results)))
+            for name, value in mean_logs(results, [i.completion for i in items]).items():
+                log_metric(f"sandloop/{name}", value)
         return [r.reward for r in results]
 
     return sandloop_reward

@@ -7,8 +7,9 @@
 ``{"inputs", "outputs"[, "fn_name"]}`` JSON, or any task record); ``extra_info["language"]``
 picks the language of stdin/stdout tasks. Configure with ``reward_kwargs`` (``url``, ``api_key``,
 ``reward_mode``, ``on_infra_failure``) or ``SANDLOOP_*`` environment variables (see
-``_common.default_scorer``). Returns a dict: ``score`` plus logged ``pass_fraction``,
-``compile_error``, ``timeout``. An infrastructure failure raises ``InfraFailure`` by default
+``_common.default_scorer``). Returns a dict: ``score`` plus the logged
+``reward.trainer_logs.EXTRA_LOGS`` (``pass_fraction``, ``compile_error``, ``timeout``,
+``fenced_code``). An infrastructure failure raises ``InfraFailure`` by default
 (verl has no way to mask a sample); ``on_infra_failure="zero"`` scores it 0 instead.
 
 For the reward monitor each score is a rollout. Its step is the first integer among
@@ -30,12 +31,12 @@ from sandloop.integrations._common import (
     StepClock,
     as_step,
     default_scorer,
-    pass_fraction,
     prompt_group,
     reward_of,
 )
 from sandloop.integrations.scorer import ScoreItem
 from sandloop.reward import CompletionResult
+from sandloop.reward.trainer_logs import sample_logs
 
 __all__ = ["compute_score", "compute_score_batch"]
 
@@ -103,10 +104,8 @@ def _batch_step(infos: list[dict[str, Any]]) -> int | None:
         return _batches - 1
 
 
-def _out(r: CompletionResult, on_infra_failure: str) -> dict[str, Any]:
-    return {"score": reward_of(r, on_infra_failure), "pass_fraction": pass_fraction(r),
-            "compile_error": float(r.verdict.value == "compile_error"),
-            "timeout": float(r.verdict.value == "timeout")}
+def _out(r: CompletionResult, completion: str, on_infra_failure: str) -> dict[str, Any]:
+    return {"score": reward_of(r, on_infra_failure), **sample_logs(r, completion)}
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any,
@@ -117,7 +116,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     s = default_scorer(url, api_key, reward_mode=reward_mode)
     (r,) = s.score([_item(solution_str, ground_truth, extra_info)],
                    step=_sample_step(_info(extra_info)))
-    return _out(r, on_infra_failure)
+    return _out(r, solution_str, on_infra_failure)
 
 
 def compute_score_batch(data_sources: list[str], solution_strs: list[str],
@@ -131,4 +130,5 @@ def compute_score_batch(data_sources: list[str], solution_strs: list[str],
     results = s.score([_item(sol, gt, info)
                        for sol, gt, info in zip(solution_strs, ground_truths, infos, strict=True)],
                       step=_batch_step([_info(i) for i in infos]))
-    return [_out(r, on_infra_failure) for r in results]
+    return [_out(r, sol, on_infra_failure)
+            for r, sol in zip(results, solution_strs, strict=True)]

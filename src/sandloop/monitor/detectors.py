@@ -100,19 +100,39 @@ def _two_prop_z(x1: int, n1: int, x0: int, n0: int) -> float:
     return (x1 / n1 - x0 / n0) / se
 
 
-def detect_signature_rise(history: Sequence[StepStats], th: Thresholds) -> Alert | None:
-    """``reward_hack_suspected``: the share of completions carrying a static hack signature
-    rises (evidence: the flagged completions of the recent steps, rewarded ones first)."""
+@dataclass(frozen=True)
+class _ShareRise:
+    """How the share of rollouts with some property moved: the recent steps against the
+    baseline, with the pooled two-proportion z of the rise."""
+
+    recent: Sequence[StepStats]
+    share: float  # in the recent steps
+    baseline: float
+    z: float
+
+
+def _share_rise(history: Sequence[StepStats], th: Thresholds,
+                count: Callable[[StepStats], int]) -> _ShareRise | None:
+    """The rise of the share of rollouts that ``count`` counts per step, or None while the
+    baseline is too short or either side has no rollouts."""
     parts = _split(history, th)
     if parts is None:
         return None
     base, recent = parts
-    x1, n1 = sum(s.hacked for s in recent), sum(s.rollouts for s in recent)
-    x0, n0 = sum(s.hacked for s in base), sum(s.rollouts for s in base)
+    x1, n1 = sum(count(s) for s in recent), sum(s.rollouts for s in recent)
+    x0, n0 = sum(count(s) for s in base), sum(s.rollouts for s in base)
     if n1 == 0 or n0 == 0:
         return None
-    p1, p0 = x1 / n1, x0 / n0
-    z = _two_prop_z(x1, n1, x0, n0)
+    return _ShareRise(recent, x1 / n1, x0 / n0, _two_prop_z(x1, n1, x0, n0))
+
+
+def detect_signature_rise(history: Sequence[StepStats], th: Thresholds) -> Alert | None:
+    """``reward_hack_suspected``: the share of completions carrying a static hack signature
+    rises (evidence: the flagged completions of the recent steps, rewarded ones first)."""
+    rise = _share_rise(history, th, lambda s: s.hacked)
+    if rise is None:
+        return None
+    recent, p1, p0, z = rise.recent, rise.share, rise.baseline, rise.z
     if not (p1 >= th.hack_min_share and p1 - p0 >= th.hack_min_rise
             and p1 >= th.hack_ratio * p0 and z >= th.hack_z):
         return None
@@ -189,16 +209,10 @@ def detect_diversity_collapse(history: Sequence[StepStats], th: Thresholds) -> A
 def detect_infra_degradation(history: Sequence[StepStats], th: Thresholds) -> Alert | None:
     """``infra_degradation``: the share of sandbox_error/timeout/memory_limit/null rewards
     jumps."""
-    parts = _split(history, th)
-    if parts is None:
+    rise = _share_rise(history, th, lambda s: s.infra_bad)
+    if rise is None:
         return None
-    base, recent = parts
-    x1, n1 = sum(s.infra_bad for s in recent), sum(s.rollouts for s in recent)
-    x0, n0 = sum(s.infra_bad for s in base), sum(s.rollouts for s in base)
-    if n1 == 0 or n0 == 0:
-        return None
-    p1, p0 = x1 / n1, x0 / n0
-    z = _two_prop_z(x1, n1, x0, n0)
+    recent, p1, p0, z = rise.recent, rise.share, rise.baseline, rise.z
     if not (p1 - p0 >= th.infra_min_rise and p1 >= th.infra_ratio * p0 and z >= th.infra_z):
         return None
     mix: dict[str, int] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
 
 
 async def score_all(
-    tasks: dict[str, Task],
+    tasks: Mapping[str, Task] | Sequence[Task],
     completions: Sequence[Completion],
     verifier: Verifier,
     *,
@@ -110,16 +110,23 @@ async def score_all(
     concurrency: int = 8,
     on_result: Callable[[CompletionResult, bool], None] | None = None,
 ) -> list[CompletionResult]:
-    """Score ``completions`` (results in input order).
+    """Score ``completions`` (results in input order), at most ``concurrency`` at once.
 
+    ``tasks``: the tasks by id, or the task of each completion (in order: for callers whose
+    completions may name two versions of one task id, like the trainer adapters' inline tests).
     Results already in ``store`` are returned without running anything (``on_result`` gets
     ``cached=True``); each new result is committed to the store as soon as it is known.
     """
+    if isinstance(tasks, Mapping):
+        of = [tasks[c.task_id] for c in completions]
+    else:
+        of = list(tasks)
+        if len(of) != len(completions):
+            raise ValueError(f"{len(of)} tasks for {len(completions)} completions: give one "
+                             "task per completion, or a mapping by task id")
     cfg = verifier.config_hash()
-    keys = [
-        ResultKey(c.task_id, tasks[c.task_id].version, _key_hash(c, tasks[c.task_id]), cfg)
-        for c in completions
-    ]
+    keys = [ResultKey(c.task_id, t.version, _key_hash(c, t), cfg)
+            for c, t in zip(completions, of, strict=True)]
     cached = store.get_many(keys) if store is not None else {}
     results: list[CompletionResult | None] = [None] * len(completions)
     todo: list[int] = []
@@ -137,7 +144,7 @@ async def score_all(
     async def one(i: int) -> None:
         c = completions[i]
         async with sem:
-            res = await verifier.verify(_as_language(tasks[c.task_id], c.language),
+            res = await verifier.verify(_as_language(of[i], c.language),
                                         c.completion, c.completion_id)
         if store is not None:
             # A thread keeps the event loop free while SQLite commits.

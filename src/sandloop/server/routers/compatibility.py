@@ -14,9 +14,9 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from sandloop.engine import Engine
-from sandloop.reward import CompletionResult, RewardConfig
-from sandloop.reward.assemble import extract_code
+from sandloop.reward import RewardConfig
 from sandloop.reward.assemble import response_after_prompt as openrlhf_completion
+from sandloop.reward.trainer_logs import openrlhf_answer
 from sandloop.server import sandboxfusion as sf
 from sandloop.server.bodies import OpenRLHFBody, ScoreItemBody
 from sandloop.server.dependencies import (
@@ -124,21 +124,7 @@ async def get_reward(request: Request, state: ServerState, engine: Engine, quota
         return error_response(
             503, "infrastructure_failure", "infrastructure failure while scoring (rewards "
             "unknown, not 0): " + "; ".join(reasons)[:500], retry_after_s=1.0)
-    rewards = [float(r.reward or 0.0) for r in results]
-
-    def frac(r: CompletionResult) -> float:
-        total = len(r.tests)
-        return sum(t.verdict.value == "passed" for t in r.tests) / total if total else 0.0
-
-    return JSONResponse({
-        "rewards": rewards,
-        "scores": [min(1.0, max(0.0, x)) for x in rewards],
-        "extra_logs": {
-            "pass_fraction": [frac(r) for r in results],
-            "compile_error": [float(r.verdict.value == "compile_error") for r in results],
-            "timeout": [float(r.verdict.value == "timeout") for r in results],
-            "fenced_code": [float(extract_code(i.completion)[1]) for i in items],
-        }})
+    return JSONResponse(openrlhf_answer(results, [i.completion for i in items]))
 
 
 @router.post("/get_reward", tags=["openrlhf"])
