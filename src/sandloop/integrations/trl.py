@@ -13,15 +13,21 @@ the server (remote scoring) and in the scorer's rollout log (``SANDLOOP_ROLLOUT_
 
     from sandloop.integrations.trl import sandloop_reward
     trainer = GRPOTrainer(model, reward_funcs=[sandloop_reward()], train_dataset=ds, ...)
+
+A curriculum (the curation layer's ``TaskSampler``) plugs in through
+:class:`sandloop.integrations.curriculum.CurriculumIndices` and ``sandloop_reward(curriculum=)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandloop.integrations._common import as_step, default_scorer, pass_fraction, run_groups
 from sandloop.integrations.scorer import ScoreItem, Scorer
+
+if TYPE_CHECKING:
+    from sandloop.curation.sampler import TaskSampler
 
 __all__ = ["LABEL_COLUMNS", "completion_text", "sandloop_reward"]
 
@@ -38,9 +44,11 @@ def completion_text(c: Any) -> str:
 
 
 def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = None,
-                    language_column: str = "language",
+                    language_column: str = "language", curriculum: TaskSampler | None = None,
                     ) -> Callable[..., Awaitable[list[float | None]]]:
-    """The reward function (named ``sandloop_reward`` in TRL's logs)."""
+    """The reward function (named ``sandloop_reward`` in TRL's logs). With ``curriculum`` each
+    prompt group's rewards are reported to that ``TaskSampler`` (the one behind the trainer's
+    :class:`~sandloop.integrations.curriculum.CurriculumIndices`)."""
 
     async def sandloop_reward(prompts: list[Any] | None = None,
                               completions: list[Any] | None = None,
@@ -64,6 +72,11 @@ def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = 
             log_metric("sandloop/pass_fraction",
                        sum(pass_fraction(r) for r in results) / len(results))
             log_metric("sandloop/infra_failures", float(sum(r.reward is None for r in results)))
-        return [r.reward for r in results]
+        rewards = [r.reward for r in results]
+        if curriculum is not None:
+            from sandloop.integrations.curriculum import groups_of
+
+            curriculum.filter_groups(groups_of([str(lab) for lab in labels], rewards, groups))
+        return rewards
 
     return sandloop_reward
