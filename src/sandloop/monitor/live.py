@@ -116,10 +116,11 @@ class LiveMonitor:
         return self.record_rollouts(rollouts, run)
 
     def record_rollouts(self, rollouts: Sequence[Rollout], run_id: str | None = None, *,
-                        alerts: Sequence[Alert] = ()) -> list[Alert]:
+                        alerts: Sequence[Alert] = (), final: bool = False) -> list[Alert]:
         """Record rollouts scored elsewhere (a trainer posting its own, e.g. ``sandloop
         train --server``) and alerts its own monitor raised (shown with the run's, counted in
-        the metrics); returns the alerts the detectors raised here."""
+        the metrics); ``final``: the run is over, complete its open steps. Returns the alerts
+        the detectors raised here."""
         run = run_id or "default"
         if self.log is not None and rollouts:
             self.log.append(rollouts, run)
@@ -134,7 +135,8 @@ class LiveMonitor:
                 for r in rollouts:
                     if r.reward is not None:
                         self.metrics.rewards.labels(run).observe(r.reward)
-            return mon.add_many(rollouts)
+            raised = mon.add_many(rollouts)
+            return raised + mon.flush() if final else raised
 
     def snapshot(self, run: str | None = None, since: int = -1) -> dict[str, Any]:
         """The dashboard's data: the runs, and for ``run`` (default: the latest) its steps

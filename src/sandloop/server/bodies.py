@@ -111,6 +111,7 @@ class RolloutsBody(BaseModel):
     run_id: str | None = Field(None, max_length=256)
     rollouts: list[dict[str, Any]] = Field(default_factory=list)
     alerts: list[AlertBody] = Field(default_factory=list, max_length=100)
+    final: bool = Field(False, description="the run is over: complete its open steps")
 
 
 class SessionOpenBody(BaseModel):

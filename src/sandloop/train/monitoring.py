@@ -55,11 +55,12 @@ class LivePoster:
         self.posted = 0
         self.give_up = give_up
 
-    def post(self, rollouts: Sequence[Rollout], alerts: Sequence[Alert] = ()) -> None:
-        if self.failures >= self.give_up or not (rollouts or alerts):
+    def post(self, rollouts: Sequence[Rollout], alerts: Sequence[Alert] = (), *,
+             final: bool = False) -> None:
+        if self.failures >= self.give_up or not (rollouts or alerts or final):
             return
         body = {"run_id": self.run_id, "rollouts": [r.to_dict() for r in rollouts],
-                "alerts": [a.to_dict() for a in alerts]}
+                "alerts": [a.to_dict() for a in alerts], "final": final}
         try:
             r = self._client.post(self.url, json=body)
             r.raise_for_status()
@@ -73,6 +74,8 @@ class LivePoster:
         self.posted += len(rollouts)
 
     def close(self) -> None:
+        """Tell the server the run is over (its last steps complete), then close."""
+        self.post([], final=True)
         self._client.close()
 
 

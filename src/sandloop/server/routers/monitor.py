@@ -21,7 +21,8 @@ router = APIRouter(responses=ERROR_RESPONSES)
 @router.post("/v1/monitor/rollouts", tags=["monitor"])
 async def rollouts(key: Key, state: StateDep, body: RolloutsBody) -> dict[str, Any]:
     """Record rollouts (the rollout-log format) and the caller's own alerts for run
-    ``run_id``; answers the alerts the server's detectors raised."""
+    ``run_id`` (``final``: the run is over, its last steps complete now); answers the alerts
+    the server's detectors raised."""
     limit = state.config.max_score_items
     if len(body.rollouts) > limit:
         raise RequestError(f"at most {limit} rollouts per request; got {len(body.rollouts)}")
@@ -30,5 +31,6 @@ async def rollouts(key: Key, state: StateDep, body: RolloutsBody) -> dict[str, A
     except LogFormatError as e:  # the caller's input here, not a log file of the server's
         raise RequestError(str(e)) from None
     given = [Alert(a.code, a.step, a.detail, a.evidence, "client") for a in body.alerts]
-    raised = state.monitor.record_rollouts(parsed, body.run_id, alerts=given)
+    raised = state.monitor.record_rollouts(parsed, body.run_id, alerts=given,
+                                           final=body.final)
     return {"recorded": len(parsed), "alerts": [a.to_dict() for a in raised]}
