@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from sandloop.train.audit import REWARD_HACK
-
 from sandloop.train.loop import TrainConfig, run_training
+
+REWARD_HACK = "reward_hack_suspected"
 
 STEPS = 60
 WEAK_STEPS = 20
