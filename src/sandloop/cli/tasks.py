@@ -29,8 +29,9 @@ err = Console(stderr=True)
 DEMO_SET = "curation_demo.jsonl"
 
 TasksArg = Annotated[str, typer.Argument(
-    help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', or "
-         "'curation-demo' (the bundled set with planted defects).")]
+    help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', "
+         "'curation-demo' (the bundled set with planted defects), or for validate a "
+         "repository set ('repo-demo', kind 'repo').")]
 Format = Annotated[str | None, typer.Option(
     "--format", help="native|humaneval|mbpp|codecontests|apps|taco|stdio|... (default: detect).")]
 Grades = Annotated[Path | None, typer.Option(
