@@ -119,18 +119,24 @@ class RunMonitor:
             sampler.add_many(window)
             outcomes = await run_audit(sampler.sample(), self.score)
             self.audited += len(outcomes)
+            # The monitor's decision on the pooled window (its per-step rule would judge 3 or
+            # so completions a step, where one timeout under load is already 20%).
             pooled = [dataclasses.replace(o, step=step) for o in outcomes]
             found = detect_audit_failures(pooled, self.thresholds)
+            th = self.thresholds
+            failed = [o for o in outcomes if o.train_reward >= th.audit_high
+                      and o.audit_reward is not None and o.audit_reward < th.audit_low]
             if found and not self._audit_firing:
-                audit_alerts = found
+                first = step - self.every + 1
+                audit_alerts = [dataclasses.replace(
+                    a, detail=f"audit at step {step}: {len(failed)} of {len(outcomes)} "
+                              f"high-reward completions of steps {first}..{step} fail the "
+                              "task's hidden tests under the hardened harness",
+                    evidence=[o.to_dict() for o in failed[:5]]) for a in found]
             self._audit_firing = bool(found)
             known = [o.audit_reward for o in outcomes if o.audit_reward is not None]
-            th = self.thresholds
             row = {"audit_reward_mean": sum(known) / len(known) if known else None,
-                   "audited": len(outcomes),
-                   "audit_failures": sum(o.train_reward >= th.audit_high and o.audit_reward
-                                         is not None and o.audit_reward < th.audit_low
-                                         for o in outcomes),
+                   "audited": len(outcomes), "audit_failures": len(failed),
                    "audit_s": time.perf_counter() - t0}
             self._raise(audit_alerts)
         if self.poster is not None:
