@@ -144,17 +144,30 @@ def test_weak_reward_is_gamed_and_the_audit_alerts(weak: Path) -> None:
     assert summary["first_alert_step"][REWARD_HACK] == first["step"]
 
 
-def test_cli_runs_a_short_loop(tmp_path: Path) -> None:
+def test_cli_runs_a_short_loop_shown_live_on_a_server(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+    import httpx
+    from live import LiveServer
+
+    from sandloop.server import ServerConfig
+
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--model", "tiny",
-                        "--steps", "2", "--seed", "3", "--out", str(out), "--sft-steps", "5",
-                        "--eval-samples", "1", "--prompts-per-step", "2"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env.pop("SANDLOOP_URL", None)
+    with LiveServer(ServerConfig(slots=1)) as srv:
+        r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--model",
+                            "tiny", "--steps", "2", "--seed", "3", "--out", str(out),
+                            "--sft-steps", "5", "--eval-samples", "1", "--prompts-per-step",
+                            "2", "--server", srv.url, "--run-id", "cli-run"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        data = httpx.get(srv.url + "/dashboard/data", params={"run": "cli-run"}).json()
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 2
+    assert summary["steps"] == 2 and summary["posted_rollouts"] == 2 * 2 * 8
     for name in ("config.json", "metrics.jsonl", "rollouts.jsonl", "eval.json", "alerts.jsonl",
                  "report.html", "summary.json"):
         assert (out / name).is_file(), name
     assert len(_lines(out / "metrics.jsonl")) == 2
+    # the server's dashboard has the run, both steps (the run's end completes the last one)
+    assert [s["step"] for s in data["steps"]] == [0, 1]
+    assert all(s["rollouts"] == 16 for s in data["steps"])
