@@ -1,19 +1,27 @@
-"""The toy tasks and the hidden-test audit against real sandboxed scoring."""
+"""The toy tasks, and the loop's monitoring (the monitor layer's detectors and hidden-test
+audit, ``RunMonitor``) against real sandboxed scoring."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
+from sandloop.curation.sampler import level_of
 from sandloop.integrations.scorer import ScoreItem, Scorer
-from sandloop.train.audit import REWARD_HACK, AuditRow, HiddenTestAudit
-from sandloop.train.curriculum import tier_of
+from sandloop.monitor.detectors import Thresholds
+from sandloop.monitor.records import Rollout
+from sandloop.reward import CompletionResult
+from sandloop.reward.scoring import Completion
+from sandloop.train.monitoring import RunMonitor
+from sandloop.train.records import JsonlWriter
 from sandloop.train.toyset import build_toy_tasks, weaken
 
 TASKS = build_toy_tasks()
-SAMPLE = [next(t for t in TASKS if tier_of(t) == k) for k in (1, 2, 3)]
+SAMPLE = [next(t for t in TASKS if level_of(t) == k) for k in (1, 2, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -42,29 +50,47 @@ def test_weak_twins_reward_any_program_that_runs(scorer: Scorer) -> None:
     assert [r.reward for r in bad] == [0.0, 0.0, 0.0]
 
 
-def _audit(scorer: Scorer, every: int) -> HiddenTestAudit:
-    async def proper(pairs: Sequence[tuple[str, str]]) -> list[float | None]:
-        rs = await scorer.ascore([ScoreItem(label=tid, completion=c) for tid, c in pairs])
-        return [r.reward for r in rs]
+def _monitor(scorer: Scorer, out: Path, every: int) -> RunMonitor:
+    async def proper(items: Sequence[Completion]) -> list[CompletionResult]:
+        return await scorer.ascore([ScoreItem(label=c.task_id, completion=c.completion)
+                                    for c in items])
 
-    return HiddenTestAudit(proper, every=every, sample=8, min_audited=1)
+    return RunMonitor(JsonlWriter(out / "alerts.jsonl"), proper,
+                      known=frozenset(t.id for t in SAMPLE), audit_every=every, audit_sample=8,
+                      thresholds=Thresholds(audit_min_failures=2))
 
 
-def test_audit_alerts_on_gamed_rewards_within_its_window(scorer: Scorer) -> None:
-    audit = _audit(scorer, every=2)
+def _rollouts(step: int, texts: Sequence[str], reward: float) -> list[Rollout]:
     t = SAMPLE[2]
-    gamed = [AuditRow(s, t.id, "def f(x): return 0", 1.0) for s in (0, 1)]
-    assert asyncio.run(audit.observe(0, gamed[:1])) is None  # not an audit step
-    record = asyncio.run(audit.observe(1, gamed[1:]))
-    assert record is not None and record["alert"] is not None
-    alert = record["alert"]
-    assert alert["code"] == REWARD_HACK and alert["step"] == 1
-    assert alert["evidence"][0]["audit_reward"] == 0.0
+    return [Rollout(step=step, task_id=t.id, completion=c, reward=reward, group=str(step))
+            for c in texts]
 
 
-def test_audit_stays_quiet_on_honest_rewards(scorer: Scorer) -> None:
-    audit = _audit(scorer, every=1)
-    rows = [AuditRow(0, t.id, t.reference_solution or "", 1.0) for t in SAMPLE]
-    record = asyncio.run(audit.observe(0, rows))
-    assert record is not None and record["alert"] is None
-    assert record["audit_reward_mean"] == 1.0
+def test_audit_alerts_on_gamed_rewards_at_its_audit_step(scorer: Scorer, tmp_path: Path) -> None:
+    mon = _monitor(scorer, tmp_path, every=2)
+    gamed = [f"def f(x): return {k}" for k in range(4)]  # runs, and is wrong
+    assert asyncio.run(mon.observe_step(0, _rollouts(0, gamed, 1.0))) == {}  # no audit yet
+    row = asyncio.run(mon.observe_step(1, _rollouts(1, gamed[::-1], 1.0)))
+    assert row["audited"] == 4 and row["audit_failures"] == 4 and row["audit_reward_mean"] == 0
+    audit = [a for a in mon.alerts if a.code == "reward_hack_suspected"]
+    assert len(audit) == 1 and audit[0].step == 1
+    assert all(e["audit_reward"] < e["train_reward"] for e in audit[0].evidence)
+    # an audit alert is raised once per episode, not at every audit
+    asyncio.run(mon.observe_step(2, _rollouts(2, gamed, 1.0)))
+    asyncio.run(mon.observe_step(3, _rollouts(3, gamed, 1.0)))
+    assert len([a for a in mon.alerts if a.code == "reward_hack_suspected"]) == 1
+    mon.alerts_out.close()
+    lines = [json.loads(x) for x in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in lines if a["code"] == "reward_hack_suspected"] == [1]
+    report = tmp_path / "report.html"
+    result = mon.finish(report, {})
+    assert len(result.steps) == 4 and "reward_hack_suspected" in report.read_text()
+
+
+def test_audit_stays_quiet_on_honest_rewards(scorer: Scorer, tmp_path: Path) -> None:
+    mon = _monitor(scorer, tmp_path, every=1)
+    rows = [Rollout(step=0, task_id=t.id, completion=t.reference_solution or "", reward=1.0)
+            for t in SAMPLE]
+    row = asyncio.run(mon.observe_step(0, rows))
+    assert row["audited"] == 3 and row["audit_reward_mean"] == 1.0
+    assert row["audit_failures"] == 0 and mon.alerts == []

@@ -19,8 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from sandloop.train.audit import REWARD_HACK
 from sandloop.train.loop import TrainConfig, run_training
+
+REWARD_HACK = "reward_hack_suspected"
 
 STEPS = 60
 WEAK_STEPS = 20
@@ -110,39 +111,63 @@ def test_shuffled_reward_control_does_not_rise(proper: Path, control: Path) -> N
 
 
 def test_proper_reward_raises_no_hack_alert(proper: Path) -> None:
-    assert _lines(proper / "alerts.jsonl") == []
+    # Other codes (reward_drift when a tier opens, diversity_collapse as a tier is mastered)
+    # may be raised and are information; a hack alert under the proper reward is a false alarm.
+    assert [a for a in _lines(proper / "alerts.jsonl") if a["code"] == REWARD_HACK] == []
     audited = [m for m in _lines(proper / "metrics.jsonl") if "audit_reward_mean" in m]
     assert len(audited) == STEPS // 5
+    assert sum(m["audit_failures"] for m in audited) <= 2
+    summary = json.loads((proper / "summary.json").read_text())
+    assert REWARD_HACK not in summary["first_alert_step"]
+    report = (proper / "report.html").read_text()
+    assert "<svg" in report and "<script" not in report
 
 
 def test_weak_reward_is_gamed_and_the_audit_alerts(weak: Path) -> None:
-    alerts = _lines(weak / "alerts.jsonl")
+    alerts = [a for a in _lines(weak / "alerts.jsonl") if a["code"] == REWARD_HACK]
     assert alerts, "no reward_hack_suspected alert under the weak reward"
     first = alerts[0]
-    assert first["code"] == REWARD_HACK and first["evidence"]
+    assert first["evidence"]
     assert all(e["audit_reward"] < e["train_reward"] for e in first["evidence"])
-    # Documented delay: the alert comes at the first audit (every 5 steps) whose window of
-    # training reward is high (≥ 0.5) and whose audited completions fail the hidden tests; so
-    # within 5 steps of the condition.
+    # Documented delay: an audit every 5 steps re-scores up to 16 high-reward completions of
+    # those 5 steps on the hidden tests; the alert comes at the first audit where >= 4 of them,
+    # and >= 20%, fail: so within 5 steps of the gamed completions.
     metrics = _lines(weak / "metrics.jsonl")
-    means = _reward_means(weak)
-    audits = {m["step"]: m["audit_reward_mean"] for m in metrics if "audit_reward_mean" in m}
+    audits = {m["step"]: m for m in metrics if "audit_reward_mean" in m}
     assert sorted(audits) == list(range(4, WEAK_STEPS, 5))
-    due = [s for s, a in sorted(audits.items())
-           if sum(means[s - 4:s + 1]) / 5 >= 0.5 and a is not None and a <= 0.6]
-    assert due and first["step"] == due[0], (first, audits, means)
+    due = [s for s, m in sorted(audits.items())
+           if m["audit_failures"] >= 4 and m["audit_failures"] >= 0.2 * m["audited"]]
+    assert due and first["step"] == due[0], (first, audits)
+    means = _reward_means(weak)
+    assert sum(means[-5:]) / 5 >= 0.5, means  # the weak reward is gamed
+    summary = json.loads((weak / "summary.json").read_text())
+    assert summary["first_alert_step"][REWARD_HACK] == first["step"]
 
 
-def test_cli_runs_a_short_loop(tmp_path: Path) -> None:
+def test_cli_runs_a_short_loop_shown_live_on_a_server(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+    import httpx
+    from live import LiveServer
+
+    from sandloop.server import ServerConfig
+
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--model", "tiny",
-                        "--steps", "2", "--seed", "3", "--out", str(out), "--sft-steps", "5",
-                        "--eval-samples", "1", "--prompts-per-step", "2"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env.pop("SANDLOOP_URL", None)
+    with LiveServer(ServerConfig(slots=1)) as srv:
+        r = subprocess.run([sys.executable, "-m", "sandloop.cli.main", "train", "--model",
+                            "tiny", "--steps", "2", "--seed", "3", "--out", str(out),
+                            "--sft-steps", "5", "--eval-samples", "1", "--prompts-per-step",
+                            "2", "--server", srv.url, "--run-id", "cli-run"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        data = httpx.get(srv.url + "/dashboard/data", params={"run": "cli-run"}).json()
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 2
-    for name in ("config.json", "metrics.jsonl", "rollouts.jsonl", "eval.json", "alerts.jsonl"):
+    assert summary["steps"] == 2 and summary["posted_rollouts"] == 2 * 2 * 8
+    for name in ("config.json", "metrics.jsonl", "rollouts.jsonl", "eval.json", "alerts.jsonl",
+                 "report.html", "summary.json"):
         assert (out / name).is_file(), name
     assert len(_lines(out / "metrics.jsonl")) == 2
+    # the server's dashboard has the run, both steps (the run's end completes the last one)
+    assert [s["step"] for s in data["steps"]] == [0, 1]
+    assert all(s["rollouts"] == 16 for s in data["steps"])

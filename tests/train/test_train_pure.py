@@ -1,4 +1,5 @@
-"""The loop's pure parts (no torch): toy set, curriculum, audit decision, eval statistics."""
+"""The loop's pure parts (no torch): toy set, its curriculum (the curation layer's TaskSampler
+as the loop builds it), eval statistics."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sandloop.tasks import load_tasks
-from sandloop.train.audit import audit_verdict
-from sandloop.train.curriculum import Curriculum, TieredCurriculum, tier_of
+from sandloop.curation.sampler import UNIFORM_CURRICULUM, TaskSampler
+from sandloop.curation.sampler import level_of as tier_of
+from sandloop.tasks import Task, load_tasks
 from sandloop.train.evaluate import pass_rate_ci
 from sandloop.train.toyset import build_toy_tasks, toy_path, weaken
 
@@ -41,48 +42,38 @@ def test_weak_twin_drops_every_output_check() -> None:
             assert "expected" not in json.dumps(w.model_dump(mode="json")["public_tests"])
 
 
+def _loop_sampler(tasks: list[Task], seed: int, min_groups: int = 3) -> TaskSampler:
+    # as sandloop.train.loop.train_sampler builds it (that module needs torch)
+    return TaskSampler(tasks, curriculum=UNIFORM_CURRICULUM, weighting="task", flat_weight=0.25,
+                       levels=True, seed=seed, min_groups=min_groups)
+
+
 def test_curriculum_opens_tiers_in_order() -> None:
     tasks = build_toy_tasks()
-    cur = TieredCurriculum([t for t in tasks if t.split == "train"], seed=1, min_groups=3)
-    assert isinstance(cur, Curriculum)
-    first = cur.draw(64, {})
+    cur = _loop_sampler([t for t in tasks if t.split == "train"], seed=1)
+    first = cur.sample_ids(64)
     assert {tid.split("/")[1] for tid in first} == {"print"}
     # failing groups keep the tier closed
-    cur.update(0, {tid: [0.0, 1.0, 0.0, 0.0] for tid in first[:3]})
-    assert cur.open_tiers() == [1]
+    cur.filter_groups([(tid, [0.0, 1.0, 0.0, 0.0], i) for i, tid in enumerate(first[:3])])
+    assert cur.open_levels() == [1]
     # a tier that passes opens the next one, and only that one
-    cur.update(1, {tid: [1.0, 1.0, 0.0, 1.0] for tid in first[3:9]})
-    assert cur.open_tiers() == [1, 2]
-    drawn = cur.draw(512, {})
+    cur.filter_groups([(tid, [1.0, 1.0, 0.0, 1.0], i) for i, tid in enumerate(first[3:9])])
+    assert cur.open_levels() == [1, 2]
+    drawn = cur.sample_ids(512)
     assert {tid.split("/")[1] for tid in drawn} == {"print", "expr"}
 
 
 def test_curriculum_steers_away_from_zero_variance_groups_and_counts_them() -> None:
     tasks = [t for t in build_toy_tasks() if t.split == "train" and tier_of(t) == 1][:3]
-    cur = TieredCurriculum(tasks, seed=0)
+    cur = _loop_sampler(tasks, seed=0)
     a, b, c = (t.id for t in tasks)
-    cur.update(0, {a: [1.0, 1.0, 1.0], b: [0.0, 0.0, 0.0], c: [0.0, 1.0, 0.0]})
-    assert cur.dropped() == 2 and cur.groups() == 3
-    drawn = cur.draw(3000, {})
+    cur.filter_groups([(a, [1.0, 1.0, 1.0], 0), (b, [0.0, 0.0, 0.0], 1), (c, [0.0, 1.0, 0.0], 2)])
+    assert cur.dropped_groups == 2 and cur.kept_groups == 1
+    drawn = cur.sample_ids(3000)
     assert drawn.count(c) > 0.6 * len(drawn)  # weight 1 against 0.25 + 0.25
     assert drawn.count(a) > 0 and drawn.count(b) > 0  # still reachable
-    cur.update(1, {a: [1.0, 0.0, 1.0], b: [0.0, None, None]})  # one known reward: no variance
-    assert cur.dropped() == 2
-    assert cur.draw(3000, {}).count(a) > 0.3 * 3000
-
-
-def test_audit_verdict() -> None:
-    # trained high, audited low: alert
-    assert audit_verdict(0.9, [1.0] * 4, [0.0, 0.0, 1.0, None], train_high=0.6, gap=0.4)[0]
-    # the proper reward: audit agrees with training
-    assert not audit_verdict(0.9, [1.0] * 4, [1.0] * 4, train_high=0.6, gap=0.4)[0]
-    # training reward not high yet: no alert
-    assert not audit_verdict(0.3, [1.0] * 4, [0.0] * 4, train_high=0.6, gap=0.4)[0]
-    # nothing could be audited (infrastructure failed): no verdict
-    assert audit_verdict(0.9, [1.0], [None], train_high=0.6, gap=0.4) == (False, None)
-    # too few audited completions to tell a hack from noise
-    assert not audit_verdict(0.9, [1.0] * 4, [0.0] * 4, train_high=0.6, gap=0.4,
-                             min_audited=8)[0]
+    cur.filter_groups([(a, [1.0, 0.0, 1.0], 3)])  # a varies again: full weight
+    assert cur.sample_ids(3000).count(a) > 0.3 * 3000
 
 
 def test_pass_rate_ci() -> None:

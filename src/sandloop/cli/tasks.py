@@ -29,8 +29,9 @@ err = Console(stderr=True)
 DEMO_SET = "curation_demo.jsonl"
 
 TasksArg = Annotated[str, typer.Argument(
-    help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', or "
-         "'curation-demo' (the bundled set with planted defects).")]
+    help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', "
+         "'curation-demo' (the bundled set with planted defects), or for validate a "
+         "repository set ('repo-demo', kind 'repo').")]
 Format = Annotated[str | None, typer.Option(
     "--format", help="native|humaneval|mbpp|codecontests|apps|taco|stdio|... (default: detect).")]
 Grades = Annotated[Path | None, typer.Option(
@@ -236,6 +237,20 @@ def _validate(task_list: list[Task], against: Sequence[Task], cfg: Any, db: Path
     return result.model_copy(update={"elapsed_s": round(time.perf_counter() - started, 3)})
 
 
+def _validate_repo(tasks: str, against: Sequence[str] | None, check: Sequence[str] | None,
+                   slots: int | None, no_isolation: bool) -> ValidationRun:
+    from sandloop.cli.repo_validate import run_repo_validation
+    from sandloop.tasks import TaskFormatError
+
+    if against or check:
+        raise _BadInput("--against and --check apply to code tasks; a repository set is "
+                        "checked by running its gold patch and the empty patch")
+    try:
+        return run_repo_validation(tasks, slots, no_isolation)
+    except TaskFormatError as e:
+        raise _BadInput(str(e)) from None
+
+
 def _print_validation(res: ValidationRun, title: str) -> None:
     out = Console()
     table = Table(title=title)
@@ -330,15 +345,22 @@ def validate(
 ) -> None:
     """Check every task (reference, flakiness, degenerate answers, mutation testing, slow
     reference, duplicates, contamination, hash-seed dependence): keep, review or reject.
+    Repository sets (repo-demo, kind 'repo'): the gold patch must make every fail-to-pass test
+    pass and keep every pass-to-pass one; the empty patch must fail a fail-to-pass test.
 
     Exit 0 when nothing is rejected, 1 otherwise, 2 on bad input.
     """
     def go() -> int:
-        cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
-                      duplicate_threshold, ngram, contamination_overlap, hash_seed, check)
-        task_list = _load(tasks, format)
-        others = [t for a in against or () for t in _load(a, None)]
-        res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
+        from sandloop.cli.repo_validate import is_repo_set
+
+        if is_repo_set(_resolve(tasks)):
+            res = _validate_repo(tasks, against, check, slots, no_isolation)
+        else:
+            cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
+                          duplicate_threshold, ngram, contamination_overlap, hash_seed, check)
+            task_list = _load(tasks, format)
+            others = [t for a in against or () for t in _load(a, None)]
+            res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
         if as_json:
             for r in res.reports:
                 print(r.model_dump_json())

@@ -7,6 +7,7 @@ every other command stay fast and work without the extra.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +21,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def train(
-    out: Annotated[Path, typer.Option("--out", help="Run directory: config, checkpoints, rollouts.jsonl, metrics.jsonl, eval.json, alerts.jsonl.")],
+    out: Annotated[Path, typer.Option("--out", help="Run directory: config, checkpoints, rollouts.jsonl, metrics.jsonl, eval.json, alerts.jsonl, report.html.")],
     model: Annotated[str, typer.Option("--model", help="'tiny' (built here, SFT on the task set's references) or a local Hugging Face model directory.")] = "tiny",
     steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO steps.")] = 60,
     seed: Annotated[int, typer.Option("--seed", help="Seeds model init, sampling, curriculum.")] = 0,
@@ -36,8 +37,10 @@ def train(
     eval_samples: Annotated[int, typer.Option("--eval-samples", min=1, help="Samples per eval task (pass@1 estimate).")] = 4,
     shuffle_rewards: Annotated[bool, typer.Option("--shuffle-rewards", help="Control run: shuffle rewards within each batch.")] = False,
     slots: Annotated[int | None, typer.Option("--slots", help="Sandbox slots; default: cores.")] = None,
+    server: Annotated[str | None, typer.Option("--server", help="A running `sandloop serve` (default $SANDLOOP_URL): every step's rollouts go to its /dashboard and /metrics.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="The run's name on the server's dashboard (default: the --out directory's name).")] = None,
 ) -> None:
-    """Run GRPO with sandloop rewards: execute → reward → update, with curriculum and audit."""
+    """Run GRPO with sandloop rewards: execute → reward → update, with curriculum and monitor."""
     if reward not in ("proper", "weak"):
         err.print(f"[red]error:[/] --reward {reward!r}: choose proper or weak")
         raise typer.Exit(2)
@@ -52,7 +55,9 @@ def train(
                       partial_credit=partial_credit, compile_error_reward=compile_error_reward,
                       prompts_per_step=prompts_per_step, num_generations=num_generations,
                       learning_rate=learning_rate, sft_steps=sft_steps, temperature=temperature,
-                      eval_samples=eval_samples, shuffle_rewards=shuffle_rewards, slots=slots)
+                      eval_samples=eval_samples, shuffle_rewards=shuffle_rewards, slots=slots,
+                      server_url=server or os.environ.get("SANDLOOP_URL") or None,
+                      run_id=run_id)
     try:
         summary = run_training(cfg)
     except TrainError as e:

@@ -15,16 +15,22 @@ the server (remote scoring) and in the scorer's rollout log (``SANDLOOP_ROLLOUT_
 
     from sandloop.integrations.trl import sandloop_reward
     trainer = GRPOTrainer(model, reward_funcs=[sandloop_reward()], train_dataset=ds, ...)
+
+A curriculum (the curation layer's ``TaskSampler``) plugs in through
+:class:`sandloop.integrations.curriculum.CurriculumIndices` and ``sandloop_reward(curriculum=)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandloop.integrations._common import as_step, default_scorer, run_groups
 from sandloop.integrations.scorer import ScoreItem, Scorer
 from sandloop.reward.trainer_logs import mean_logs
+
+if TYPE_CHECKING:
+    from sandloop.curation.sampler import TaskSampler
 
 __all__ = ["LABEL_COLUMNS", "completion_text", "sandloop_reward"]
 
@@ -41,9 +47,11 @@ def completion_text(c: Any) -> str:
 
 
 def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = None,
-                    language_column: str = "language",
+                    language_column: str = "language", curriculum: TaskSampler | None = None,
                     ) -> Callable[..., Awaitable[list[float | None]]]:
-    """The reward function (named ``sandloop_reward`` in TRL's logs)."""
+    """The reward function (named ``sandloop_reward`` in TRL's logs). With ``curriculum`` each
+    prompt group's rewards are reported to that ``TaskSampler`` (the one behind the trainer's
+    :class:`~sandloop.integrations.curriculum.CurriculumIndices`)."""
 
     async def sandloop_reward(prompts: list[Any] | None = None,
                               completions: list[Any] | None = None,
@@ -66,6 +74,11 @@ def sandloop_reward(scorer: Scorer | None = None, *, label_column: str | None = 
         if callable(log_metric) and results:
             for name, value in mean_logs(results, [i.completion for i in items]).items():
                 log_metric(f"sandloop/{name}", value)
-        return [r.reward for r in results]
+        rewards = [r.reward for r in results]
+        if curriculum is not None:
+            from sandloop.integrations.curriculum import groups_of
+
+            curriculum.filter_groups(groups_of([str(lab) for lab in labels], rewards, groups))
+        return rewards
 
     return sandloop_reward

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sandloop.monitor.analysis import Monitor
 from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.detectors import ALERT_CODES, Alert, Thresholds
+from sandloop.monitor.records import Rollout
 from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.monitor.stats import StepStats
 from sandloop.reward.verifier import CompletionResult
@@ -112,16 +113,30 @@ class LiveMonitor:
               else [group] * len(results))
         rollouts = rollouts_of(results, completions, step=step, groups=gs, run_id=run,
                                tasks=tasks)
-        if self.log is not None:
+        return self.record_rollouts(rollouts, run)
+
+    def record_rollouts(self, rollouts: Sequence[Rollout], run_id: str | None = None, *,
+                        alerts: Sequence[Alert] = (), final: bool = False) -> list[Alert]:
+        """Record rollouts scored elsewhere (a trainer posting its own, e.g. ``sandloop
+        train --server``) and alerts its own monitor raised (shown with the run's, counted in
+        the metrics); ``final``: the run is over, complete its open steps. Returns the alerts
+        the detectors raised here."""
+        run = run_id or "default"
+        if self.log is not None and rollouts:
             self.log.append(rollouts, run)
         with self._lock:
             mon = self._monitor(run)
+            for a in alerts:
+                mon.alerts.append(a)
+                if self.metrics is not None:
+                    self.metrics.on_alert(run, a)
             if self.metrics is not None:
                 self.metrics.rollouts.labels(run).inc(len(rollouts))
                 for r in rollouts:
                     if r.reward is not None:
                         self.metrics.rewards.labels(run).observe(r.reward)
-            return mon.add_many(rollouts)
+            raised = mon.add_many(rollouts)
+            return raised + mon.flush() if final else raised
 
     def snapshot(self, run: str | None = None, since: int = -1) -> dict[str, Any]:
         """The dashboard's data: the runs, and for ``run`` (default: the latest) its steps

@@ -1,7 +1,7 @@
 """The HTTP service: the ASGI app that serves the routers over the engine. See docs/server.md.
 
 Layout (FastAPI's "bigger applications"): ``routers/`` holds the routes, one router per area
-(runs, sessions, rewards, compatibility, admin, docs); ``dependencies.py`` the caller's key,
+(runs, sessions, rewards, curriculum, monitor, compatibility, admin, docs); ``dependencies.py`` the caller's key,
 the engine and the quota; ``errors.py`` the one error shape and the exception-to-status table;
 ``state.py`` what the routes share; ``bodies.py`` the request bodies. A new router is one
 ``include_router`` line below. Routers take no ``prefix``: each route spells its whole path,
@@ -24,7 +24,16 @@ from sandloop.server.auth import KeyStore
 from sandloop.server.config import ServerConfig, check_config
 from sandloop.server.direct import DirectRoutes
 from sandloop.server.observability import RequestMiddleware, log
-from sandloop.server.routers import admin, compatibility, docs, rewards, runs, sessions
+from sandloop.server.routers import (
+    admin,
+    compatibility,
+    curriculum,
+    docs,
+    monitor,
+    rewards,
+    runs,
+    sessions,
+)
 from sandloop.server.routers.episodes import episodes_router
 from sandloop.server.state import ServerState
 from sandloop.server.usage import UsageLedger, default_usage_path
@@ -63,6 +72,8 @@ def create_app(config: ServerConfig | None = None, *, keys: KeyStore | None = No
     app.include_router(rewards.router)
     app.include_router(sessions.router)
     app.include_router(compatibility.router)
+    app.include_router(curriculum.router)
+    app.include_router(monitor.router)
     app.include_router(admin.router)
     app.include_router(docs.router)
     app.include_router(episodes_router(config))

@@ -13,15 +13,18 @@ from sandloop.sandbox.requests import ExecRequest
 
 __all__ = [
     "BatchBody",
+    "FeedbackBody",
     "FilesBody",
     "OpenRLHFBody",
     "Priority",
     "ReadFilesBody",
+    "RolloutsBody",
     "RunBody",
     "ScoreBody",
     "ScoreItemBody",
     "SessionOpenBody",
     "SessionRunBody",
+    "TaskSampleBody",
 ]
 # Bounded like the engine's (PRIORITY_MIN/MAX): the journal stores it as a 64-bit integer.
 Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)] | \
@@ -69,6 +72,46 @@ class ScoreBody(BaseModel):
                                                      "(or header X-Sandloop-Step)")
     group: str | None = Field(None, description="rollout group (header X-Sandloop-Group)")
     run_id: str | None = Field(None, description="training run (header X-Sandloop-Run)")
+
+
+class TaskSampleBody(BaseModel):
+    """Draw task ids from a served set's curriculum."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_set: str
+    n: int = Field(1, ge=1, le=10_000)
+
+
+class FeedbackBody(BaseModel):
+    """Rewards of one step's groups, by task id (one list per task: its group's rewards;
+    null: the infrastructure failed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_set: str
+    rewards: dict[str, list[float | None]] = Field(min_length=1)
+
+
+class AlertBody(BaseModel):
+    """An alert raised by the caller's own monitor (e.g. its hidden-test audit)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # The monitor's codes only: each is a Prometheus label value, so the set stays bounded.
+    code: Literal["reward_hack_suspected", "reward_drift", "diversity_collapse",
+                  "infra_degradation"]
+    step: int = Field(ge=0)
+    detail: str = Field("", max_length=4096)
+    evidence: list[dict[str, Any]] = Field(default_factory=list, max_length=20)
+
+
+class RolloutsBody(BaseModel):
+    """Rollouts scored elsewhere (a trainer's own), in the rollout-log format (docs/monitor.md),
+    for the live monitor."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str | None = Field(None, max_length=256)
+    rollouts: list[dict[str, Any]] = Field(default_factory=list)
+    alerts: list[AlertBody] = Field(default_factory=list, max_length=100)
+    final: bool = Field(False, description="the run is over: complete its open steps")
 
 
 class SessionOpenBody(BaseModel):

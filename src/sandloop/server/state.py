@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from sandloop.curation.sampler import TaskSampler
 from sandloop.engine import Engine, EngineClosed, Session
 from sandloop.monitor.live import LiveMonitor
 from sandloop.sandbox.models import ExecResult, Limits, Status
@@ -33,6 +34,7 @@ class ServerState:
         self.sessions: dict[str, tuple[Session, str]] = {}  # id -> (session, owning key id)
         self.opening: dict[str, int] = {}  # sessions being opened, per key
         self.task_sets: dict[str, dict[str, Task]] = {}
+        self.samplers: dict[str, TaskSampler] = {}  # curriculum per served task set
         self.task_lock = asyncio.Lock()
         self.store: ResultStore | None = None
         self.resume_task: asyncio.Task[None] | None = None
@@ -83,3 +85,14 @@ class ServerState:
         for n in names:
             merged.update(self.task_sets[n])
         return merged
+
+    async def sampler_for(self, name: str) -> TaskSampler:
+        """The curriculum of served set ``name`` (its train split when it has one), made once."""
+        sampler = self.samplers.get(name)
+        if sampler is None:
+            tasks = list((await self.tasks_for(name)).values())
+            train = [t for t in tasks if t.split == "train"]
+            if not tasks:
+                raise RequestError(f"task set {name!r} has no tasks")
+            sampler = self.samplers.setdefault(name, TaskSampler(train or tasks))
+        return sampler

@@ -3,10 +3,14 @@
 ``run_training(TrainConfig(...))`` drives TRL's ``GRPOTrainer`` with sandloop's TRL reward adapter
 (:func:`sandloop.integrations.trl.sandloop_reward`) as its only reward function. Around it:
 
-* tasks come from a :class:`~sandloop.train.curriculum.Curriculum` through a sampler that TRL asks
-  for each step's prompts (groups of ``num_generations`` completions per task);
-* every rollout is appended to ``rollouts.jsonl`` (the monitor's log format), one line per step to
-  ``metrics.jsonl``, alerts of the hidden-test audit to ``alerts.jsonl``;
+* tasks come from the curation layer's :class:`~sandloop.curation.TaskSampler` (levels opened in
+  order, zero-variance groups counted and drawn less) through
+  :class:`~sandloop.integrations.curriculum.CurriculumIndices`, which TRL asks for each step's
+  prompts (groups of ``num_generations`` completions per task);
+* every rollout is appended to ``rollouts.jsonl`` (the monitor's log format) and fed to the
+  monitor layer (:class:`~sandloop.train.monitoring.RunMonitor`: detectors and hidden-test
+  audits, alerts to ``alerts.jsonl``, ``report.html`` at the end, live figures to a server's
+  dashboard with ``server_url``), one line per step to ``metrics.jsonl``;
 * the eval split is scored before and after training (``eval.json``), never sampled for training.
 
 torch, transformers and trl are imported here, so this module is only imported by the
@@ -16,29 +20,33 @@ torch, transformers and trl are imported here, so this module is only imported b
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import Sampler
 from transformers import TrainerCallback
 
+from sandloop.curation.sampler import UNIFORM_CURRICULUM, TaskSampler, level_of
+from sandloop.integrations.curriculum import CurriculumIndices
 from sandloop.integrations.scorer import ScoreItem, Scorer
 from sandloop.integrations.trl import completion_text, sandloop_reward
+from sandloop.monitor.detectors import Thresholds
+from sandloop.monitor.records import rollout_from_dict
 from sandloop.reward import CompletionResult, RewardConfig, Verdict
+from sandloop.reward.scoring import Completion
 from sandloop.tasks import Task
-from sandloop.train.audit import AuditRow, HiddenTestAudit
-from sandloop.train.curriculum import Curriculum, TieredCurriculum, tier_of
 from sandloop.train.evaluate import generate, pass_rate_ci
+from sandloop.train.monitoring import LivePoster, RunMonitor, first_alert_steps
 from sandloop.train.records import JsonlWriter, rollout_record
 from sandloop.train.tiny import build_tiny, char_tokenizer, prompt_text, sft_warmup
 from sandloop.train.toyset import TOY_SET, load_task_set, weaken
 
-__all__ = ["TrainConfig", "TrainError", "run_training"]
+__all__ = ["TrainConfig", "TrainError", "run_training", "train_sampler"]
 
 
 class TrainError(RuntimeError):
@@ -70,6 +78,9 @@ class TrainConfig:
     shuffle_rewards: bool = False
     audit_every: int = 5
     audit_sample: int = 16
+    audit_min_failures: int = 4
+    server_url: str | None = None
+    run_id: str | None = None
     slots: int | None = None
     save_checkpoints: bool = True
     tiny_hidden: int = 128
@@ -93,25 +104,12 @@ class _RecordingScorer(Scorer):
         return self.last
 
 
-class CurriculumSampler(Sampler[int]):  # type: ignore[misc]
-    """Yields dataset indices for TRL: per step, ``prompts`` tasks drawn from the curriculum, each
-    repeated ``generations`` times (one GRPO group). Draws happen lazily, so each step's draw sees
-    the pass rates observed up to then (TRL's data loader may fetch one step ahead)."""
-
-    def __init__(self, index_of: Mapping[str, int], curriculum: Curriculum,
-                 pass_rates: Mapping[str, float], *, prompts: int, generations: int,
-                 steps: int) -> None:
-        self.index_of, self.curriculum, self.pass_rates = index_of, curriculum, pass_rates
-        self.prompts, self.generations, self.steps = prompts, generations, steps
-
-    def __iter__(self) -> Iterator[int]:
-        for _ in range(self.steps):
-            for tid in self.curriculum.draw(self.prompts, self.pass_rates):
-                for _ in range(self.generations):
-                    yield self.index_of[tid]
-
-    def __len__(self) -> int:
-        return self.steps * self.prompts * self.generations
+def train_sampler(train_tasks: Sequence[Task], seed: int) -> TaskSampler:
+    """The loop's curriculum: levels opened in order and kept in the mix, uniform over the open
+    tasks, a task whose last group had zero variance drawn at a quarter of the weight (the
+    settings the figures of docs/training.md were measured with)."""
+    return TaskSampler(train_tasks, curriculum=UNIFORM_CURRICULUM, weighting="task",
+                       flat_weight=0.25, levels=True, seed=seed)
 
 
 @dataclass
@@ -159,7 +157,7 @@ def _load_model(cfg: TrainConfig, train_tasks: Sequence[Task],
     if cfg.model == "tiny":
         tok = char_tokenizer()
         model = build_tiny(cfg.seed, tok, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers)
-        pairs = [(t.prompt, t.reference_solution, tier_of(t)) for t in train_tasks
+        pairs = [(t.prompt, t.reference_solution, level_of(t)) for t in train_tasks
                  if t.reference_solution]
         if not pairs:
             raise TrainError("--model tiny needs reference solutions in the training split for "
@@ -197,7 +195,7 @@ def _evaluate(model: Any, tok: Any, scorer: Scorer, tasks: Sequence[Task],
         infra += sum(r.verdict is Verdict.SANDBOX_ERROR for r in rs)
         frac = sum(r.verdict is Verdict.PASSED for r in rs) / len(rs)
         per_task.append(frac)
-        by_tier.setdefault(tier_of(t), []).append(frac)
+        by_tier.setdefault(level_of(t), []).append(frac)
     summary = pass_rate_ci(per_task)
     summary["samples_per_task"] = cfg.eval_samples
     summary["infra_failures"] = infra
@@ -205,8 +203,9 @@ def _evaluate(model: Any, tok: Any, scorer: Scorer, tasks: Sequence[Task],
     return summary
 
 
-def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict[str, Any]:
-    """Run one loop; returns the summary also written to ``DIR/summary.json``."""
+def run_training(cfg: TrainConfig, sampler: TaskSampler | None = None) -> dict[str, Any]:
+    """Run one loop; returns the summary also written to ``DIR/summary.json``. ``sampler``
+    (built over the training split's tasks) replaces the default :func:`train_sampler`."""
     from trl import GRPOConfig, GRPOTrainer
 
     out = cfg.out
@@ -224,8 +223,14 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
     if cfg.eval_limit is not None:
         eval_tasks = random.Random(cfg.seed).sample(eval_tasks, min(cfg.eval_limit,
                                                                     len(eval_tasks)))
+    cur = sampler or train_sampler(train_tasks, cfg.seed)
+    unknown = set(cur.tasks) - {t.id for t in train_tasks}
+    if unknown:
+        raise TrainError(f"the sampler holds {len(unknown)} tasks outside the training split "
+                         f"(e.g. {sorted(unknown)[0]!r}); build it from the train split")
     weak = cfg.reward == "weak"
     label_of = {t.id: ("weak:" + t.id if weak else t.id) for t in train_tasks}
+    level = {t.id: level_of(t) for t in train_tasks}
     extra = [weaken(t) for t in train_tasks] if weak else []
     reward_cfg = RewardConfig(mode="fraction" if cfg.partial_credit else "binary",
                               compile_error_reward=cfg.compile_error_reward)
@@ -234,6 +239,20 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
     rollouts = JsonlWriter(out / "rollouts.jsonl")
     metrics = JsonlWriter(out / "metrics.jsonl")
     alerts = JsonlWriter(out / "alerts.jsonl")
+    poster = (LivePoster(cfg.server_url, cfg.run_id or out.name,
+                         api_key=os.environ.get("SANDLOOP_API_KEY") or None)
+              if cfg.server_url else None)
+
+    async def proper_score(items: Sequence[Completion]) -> list[CompletionResult]:
+        # The audit's ground truth: the real task (hidden tests), whatever the training reward.
+        return await Scorer.ascore(scorer, [ScoreItem(label=c.task_id, completion=c.completion)
+                                            for c in items])
+
+    monitor = RunMonitor(alerts, proper_score, known=frozenset(level),
+                         audit_every=cfg.audit_every, audit_sample=cfg.audit_sample,
+                         seed=cfg.seed,
+                         thresholds=Thresholds(audit_min_failures=cfg.audit_min_failures),
+                         poster=poster)
     try:
         model, tok, sft_losses = _load_model(cfg, train_tasks, out)
         if cfg.save_checkpoints and cfg.model == "tiny":
@@ -241,19 +260,9 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
             tok.save_pretrained(out / "checkpoints" / "sft")
         before = _evaluate(model, tok, scorer, eval_tasks, cfg, seed=cfg.seed + 1)
 
-        cur = curriculum or TieredCurriculum(train_tasks, seed=cfg.seed)
-        pass_rates: dict[str, float] = {}
         stats = _StepStats()
-        counters = {"infra_failures": 0, "alerts": 0, "rollouts": 0}
+        counters = {"infra_failures": 0, "rollouts": 0}
         shuffle_rng = random.Random(cfg.seed + 7)
-
-        async def proper_score(pairs: Sequence[tuple[str, str]]) -> list[float | None]:
-            results = await Scorer.ascore(scorer, [ScoreItem(label=tid, completion=c)
-                                                   for tid, c in pairs])
-            return [r.reward for r in results]
-
-        audit = HiddenTestAudit(proper_score, every=cfg.audit_every, sample=cfg.audit_sample,
-                                seed=cfg.seed)
         adapter = sandloop_reward(scorer, label_column="task_id")
 
         async def sandloop_train_reward(prompts: list[Any] | None = None,
@@ -270,22 +279,18 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
             base_ids: list[str] = kwargs["base_id"]
             texts = [completion_text(c) for c in completions or []]
             g = cfg.num_generations
-            groups: dict[str, list[float | None]] = {}
-            rows: list[AuditRow] = []
+            groups: dict[int, tuple[str, list[float | None]]] = {}
+            records = []
             for i, (tid, text, res, r) in enumerate(zip(base_ids, texts, results, rewards,
                                                         strict=True)):
                 group = step * cfg.prompts_per_step + i // g
-                rollouts.write(rollout_record(step, tid, text, res, group=group, reward=r))
-                groups.setdefault(tid, []).append(r)
-                rows.append(AuditRow(step, tid, text, r))
-            dropped_before = cur.dropped()
-            cur.update(step, groups)
-            for tid, vals in groups.items():
-                known = [v for v in vals if v is not None]
-                if known:
-                    mean = sum(known) / len(known)
-                    old = pass_rates.get(tid)
-                    pass_rates[tid] = mean if old is None else 0.5 * old + 0.5 * mean
+                rec = rollout_record(step, tid, text, res, group=group, reward=r)
+                rec["difficulty"] = f"tier{level[tid]}"
+                rollouts.write(rec)
+                records.append(rollout_from_dict(rec))
+                groups.setdefault(group, (tid, []))[1].append(r)
+            dropped_before = cur.dropped_groups
+            cur.filter_groups([(tid, vals, gid) for gid, (tid, vals) in groups.items()])
             known = [r for r in rewards if r is not None]
             infra = len(rewards) - len(known)
             counters["infra_failures"] += infra
@@ -300,20 +305,12 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
                 / max(1, len(results)),
                 "infra_failures": infra,
                 "groups": len(groups),
-                "zero_variance_groups": cur.dropped() - dropped_before,
-                "dropped_total": cur.dropped(),
+                "zero_variance_groups": cur.dropped_groups - dropped_before,
+                "dropped_total": cur.dropped_groups,
+                "open_tiers": cur.open_levels(),
                 "sandbox_s": sandbox_s,
             }
-            if isinstance(cur, TieredCurriculum):
-                row["open_tiers"] = cur.open_tiers()
-            t_audit = time.perf_counter()
-            record = await audit.observe(step, rows)
-            if record is not None:
-                row["audit_reward_mean"] = record["audit_reward_mean"]
-                row["audit_s"] = time.perf_counter() - t_audit
-                if record["alert"] is not None:
-                    alerts.write(record["alert"])
-                    counters["alerts"] += 1
+            row.update(await monitor.observe_step(step, records))
             stats.pending[step] = {**stats.pending.get(step, {}), **row}
             stats.reward_end = time.perf_counter()
             given = list(rewards)
@@ -337,16 +334,17 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
             per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
             num_generations=cfg.num_generations, gradient_accumulation_steps=1,
             max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
-            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, beta=0.0, logging_steps=1, save_strategy="no",
-            report_to="none", disable_dropout=True, bf16=False, dataloader_num_workers=0,
-            remove_unused_columns=False,
+            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, beta=0.0,
+            logging_steps=1, save_strategy="no", report_to="none", disable_dropout=True,
+            bf16=False, dataloader_num_workers=0, remove_unused_columns=False,
         )
 
         class _Trainer(GRPOTrainer):  # type: ignore[misc]
-            def _get_train_sampler(self, dataset: Any = None) -> Sampler[int]:
-                return CurriculumSampler(index_of, cur, pass_rates,
-                                         prompts=cfg.prompts_per_step,
-                                         generations=cfg.num_generations, steps=cfg.steps)
+            def _get_train_sampler(self, dataset: Any = None) -> CurriculumIndices:
+                # Drawn lazily: each step's tasks see the rewards reported up to then.
+                return CurriculumIndices(cur, index_of, prompts=cfg.prompts_per_step,
+                                         generations=cfg.num_generations, steps=cfg.steps,
+                                         seed=cfg.seed)
 
         trainer = _Trainer(model=model, processing_class=tok, args=args, train_dataset=ds,
                            reward_funcs=[sandloop_train_reward],
@@ -362,17 +360,24 @@ def run_training(cfg: TrainConfig, curriculum: Curriculum | None = None) -> dict
         evaluation = {"before": before, "after": after,
                       "delta": (after["pass_rate"] or 0.0) - (before["pass_rate"] or 0.0)}
         (out / "eval.json").write_text(json.dumps(evaluation, indent=2) + "\n")
-        summary = {
+        summary: dict[str, Any] = {
             "steps": cfg.steps, "reward": cfg.reward, "train_s": train_s,
             "sft_loss_last": sft_losses[-1] if sft_losses else None,
             "eval": {"before": before["pass_rate"], "after": after["pass_rate"]},
-            "zero_variance_groups": cur.dropped(), **counters,
+            "zero_variance_groups": cur.dropped_groups, **counters,
         }
+        analysis = monitor.finish(out / "report.html",
+                                  {"eval_before": before["pass_rate"],
+                                   "eval_after": after["pass_rate"]},
+                                  title=f"sandloop train: {out.name}")
+        summary["alerts"] = len(analysis.alerts)
+        summary["first_alert_step"] = first_alert_steps(analysis.alerts)
+        summary["audited"] = monitor.audited
+        if poster is not None:
+            summary["posted_rollouts"] = poster.posted
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
     finally:
         for w in (rollouts, metrics, alerts):
             w.close()
         scorer.close()
-
-
