@@ -409,20 +409,9 @@ def add_key(
         min=1, help="Sessions open at once (default: the server's --max-sessions-per-key).")] = None,
 ) -> None:
     """Create an API key for `sandloop serve`; prints the token once (only its hash is stored)."""
-    from sandloop.server.auth import KeysFileError, KeyStore
+    from sandloop.server.auth import KeysFileError
     from sandloop.server.auth import add_key as create
 
-    if keys_file.exists():
-        # An existing file must be a valid keys file before a key is added to it (else the
-        # adding itself fails half-way on, say, a JSON array).
-        try:
-            KeyStore.load(keys_file)
-        except (KeysFileError, ValueError, OSError) as e:
-            _error(str(e))
-            raise typer.Exit(ExitCode.BAD_INPUT) from None
-        except RecursionError:
-            _error(f"{keys_file}: not a keys file (JSON nested too deeply)")
-            raise typer.Exit(ExitCode.BAD_INPUT) from None
     try:
         print(create(keys_file, key_id, rate=rate, burst=burst, max_runs=max_runs,
                      max_concurrent=max_concurrent, max_sessions=max_sessions))
