@@ -19,7 +19,7 @@ from sandloop.cli import output
 from sandloop.cli.cluster import cluster_app
 from sandloop.cli.env import app as env_app
 from sandloop.cli.episodes import episodes_app
-from sandloop.cli.exits import ExitCode, one_line, run_guarded
+from sandloop.cli.exits import ExitCode, print_error, run_guarded
 from sandloop.cli.monitor import monitor_app
 from sandloop.cli.options import (
     Db,
@@ -59,7 +59,7 @@ def _isolation(no_isolation: bool) -> str:
 
 def _error(message: str) -> None:
     """One line on stderr: the input, the field, the problem."""
-    sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
+    print_error(message)
 
 
 def _settings() -> Settings:
