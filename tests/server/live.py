@@ -67,11 +67,14 @@ class LiveServer(LiveApp):
         return self.app.state.sandloop
 
 
-def serve_process(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """`sandloop serve ARGS` on ``port`` as its own process group, once it answers /readyz."""
+def serve_process(port: int, *args: str, cwd: Path | None = None,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`sandloop serve ARGS` on ``port`` as its own process group, once it answers /readyz
+    (``env``: variables added to this process's)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandloop", "serve", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=cwd, env={**os.environ, **env} if env else None)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

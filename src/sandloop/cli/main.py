@@ -378,20 +378,40 @@ def serve(
         "--rollout-log", help="SQLite log of the scored rollouts that come with a training step "
                               "(read by `sandloop monitor`).")] = None,
     ray: RayAddress = None,
+    max_batch: Annotated[int | None, typer.Option(
+        "--max-batch", min=1, max=1 << 20,
+        help="Programs per request; default: the project's max_batch (sandloop.toml, "
+             "SANDLOOP_MAX_BATCH), else 1024.")] = None,
+    max_time_s: Annotated[float | None, typer.Option(
+        "--max-time-s", callback=positive, max=86400,
+        help="The most wall time one run may ask; default: the project's max_time_s, else "
+             "300.")] = None,
+    max_memory_mb: Annotated[int | None, typer.Option(
+        "--max-memory-mb", min=1, max=1 << 22,
+        help="The most memory one run may ask, MiB; default: the project's max_memory_mb, "
+             "else 8192.")] = None,
 ) -> None:
-    """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
+    """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics.
+
+    Per-run and per-request limits: the flags, else SANDLOOP_* variables, else the config file
+    (sandloop.toml / [tool.sandloop])."""
     from sandloop.monitor.rolloutlog import RolloutLogError
     from sandloop.server.auth import KeysFileError
     from sandloop.server.cli import serve_command
     from sandloop.server.usage import UsageLedgerError
 
+    project = _settings()  # file < environment; the flags below win over both
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
                       tuple(task_set or ["humaneval"]), max_body_mb, log_level,
                       tuple(preload or ()), usage_db, max_sessions=max_sessions,
                       max_sessions_per_key=max_sessions_per_key,
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
-                      public_metrics=public_metrics, rollout_log=rollout_log, ray_address=ray)
+                      public_metrics=public_metrics, rollout_log=rollout_log, ray_address=ray,
+                      max_batch=project.max_batch if max_batch is None else max_batch,
+                      max_time_s=project.max_time_s if max_time_s is None else max_time_s,
+                      max_memory_mb=(project.max_memory_mb if max_memory_mb is None
+                                     else max_memory_mb))
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None
