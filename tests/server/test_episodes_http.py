@@ -68,3 +68,23 @@ def test_episode_requests_are_checked(repo_server: tuple[LiveServer, Path]) -> N
         bad = c.post("/v1/episodes", json={"task_set": "humaneval", "task_id": "HumanEval/0"})
         assert bad.status_code == 400 and "no repository tasks" in bad.json()["error"]
         assert c.post("/v1/episodes/nope/call", json={"tool": "submit"}).status_code == 404
+
+
+def test_score_without_a_task_set_skips_the_repo_set(
+        repo_server: tuple[LiveServer, Path]) -> None:
+    # Every served set is merged for a task id without task_set; the repo set is episodes',
+    # not scoring's, and used to make every such request fail.
+    from sandloop.tasks import load_tasks
+
+    he0 = load_tasks("humaneval")[0]
+    server, _ = repo_server
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post("/v1/score", json={"items": [
+            {"task": he0.id, "completion": he0.reference_solution or ""}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["reward"] == 1.0, r.text
+        named = c.post("/v1/score", json={"items": [{"task": TASK.id, "completion": "x"}],
+                                          "task_set": "repo-demo"})
+        assert named.status_code == 400 and "/v1/episodes" in named.json()["error"], named.text
+        unknown = c.post("/v1/score", json={"items": [{"task": TASK.id, "completion": "x"}]})
+        assert unknown.status_code == 400, unknown.text  # a repo task id is no scoring task
