@@ -242,6 +242,23 @@ def test_config_file_sets_limits(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr  # the environment overrides the file
 
 
+def test_score_time_scale_checked_against_max_time_s(tmp_path: Path) -> None:
+    # HumanEval tasks allow 3 s per test (limits.time_s); x 200 = 600 s, over the default
+    # max_time_s of 300: refused before any run, naming the task and the limit.
+    c = completions(tmp_path, tasks=2)
+    r = sh("score", "--tasks", "humaneval", "--completions", str(c), "--no-db",
+           "--time-scale", "200")
+    one_error(r, 2, "task HumanEval/0", "max_time_s=300", "--time-scale 200")
+    assert "scoring" not in r.stderr  # nothing started
+    (tmp_path / "sandloop.toml").write_text("max_time_s = 5\n")
+    one_error(sh("score", "--tasks", "humaneval", "--completions", str(c), "--no-db",
+                 "--time-scale", "2"), 2, "HumanEval/0", "6 s", "max_time_s=5")
+    # Within the limit it scores (exit 0 whatever the rewards).
+    r = sh("score", "--tasks", "humaneval", "--completions", str(c), "--no-db", "--json",
+           "--time-scale", "1.5", "--slots", "1")
+    assert r.returncode == 0, r.stderr
+
+
 def test_default_store_is_per_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sandloop.settings import default_db_path
 

@@ -1,5 +1,6 @@
 """Fuzz of the command line (issue 20): garbage files and option values for every command; every
-run ends with exit 0, 1, 2 or 3, without a traceback and without an "internal error" (a bug).
+run ends with exit 0, 1, 2 or 3, without a traceback and without an "internal error" (a bug),
+and every error is the one ``sandloop: error: ...`` line (no ``error:`` of a command's own).
 
 In-process through the same entry as the script (``run_guarded``), so that hundreds of cases run
 in seconds; tests/cli/test_cli_edges.py checks the real subprocess on the same kinds of input.
@@ -8,6 +9,7 @@ in seconds; tests/cli/test_cli_edges.py checks the real subprocess on the same k
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -43,7 +45,28 @@ COMMANDS: dict[tuple[str, ...], dict[str, object]] = {
     ("monitor", "analyze"): {"@": "path", "--json": "flag"},
     ("monitor", "report"): {"@": "path"},
     ("monitor", "export"): {"@": "path"},
+    ("episodes", "list"): {"--db": "path", "--limit": "int"},
+    ("episodes", "replay"): {"@": "text", "--db": "path", "--json": "flag", "--slots": "int"},
+    ("env", "build"): {"@": "path", "--store": "path", "--json": "flag"},
+    ("env", "ls"): {"--store": "path", "--json": "flag"},
+    ("env", "show"): {"@": "text", "--store": "path"},
+    ("env", "rm"): {"@": "text", "--store": "path"},
+    ("env", "verify"): {"@": "text", "--store": "path", "--json": "flag"},
+    ("cluster", "status"): {"@": ["127.0.0.1:1", "local", "nohost.invalid:1", "", ":x",
+                                  "127.0.0.1:99999999"], "--json": "flag"},
+    # Always with a keys file drawn from the garbage ones (REQUIRED): it is read before
+    # anything binds or starts, so no draw can start a server.
+    ("serve",): {"--api-keys-file": "file", "--port": "int", "--slots": "int",
+                 "--max-body-mb": "int", "--task-set": "path", "--usage-db": "path",
+                 "--log-level": ["info", "loud"], "--max-sessions": "int"},
 }
+REQUIRED: dict[tuple[str, ...], tuple[str, ...]] = {("serve",): ("--api-keys-file",)}
+# Without torch `train` stops at its import (exit 2, the message asserted below); with torch a
+# draw of plausible options would start a real training run, so it is fuzzed only without.
+if importlib.util.find_spec("torch") is None:
+    COMMANDS[("train",)] = {"--out": "path", "--model": "text", "--steps": "int",
+                            "--tasks": ["toy", "PATH"], "--reward": ["proper", "weak", "x"],
+                            "--slots": "int", "--lr": "float", "--temperature": "float"}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +107,8 @@ def _value(kind: object, files: list[str]) -> st.SearchStrategy[str]:
                          st.sampled_from(["0", "-0", "1e309", "nan", "-inf", "0.001"]), text)
     if kind == "path":
         return st.sampled_from(files) | text
+    if kind == "file":
+        return st.sampled_from(files)
     if kind == "text":
         return st.sampled_from(["unittest", "os.path", "a b", "", "-x"]) | text
     assert isinstance(kind, list)
@@ -99,6 +124,7 @@ def invocations(draw: st.DrawFn, files: list[str]) -> list[str]:
         argv.append(draw(_value(spec["@"], files)))
     options = [k for k in spec if k != "@"]
     names = draw(st.lists(st.sampled_from(options), max_size=4)) if options else []
+    names = [*REQUIRED.get(cmd, ()), *names]
     for name in names:
         argv.append(name)
         if spec[name] != "flag":
@@ -115,6 +141,7 @@ def test_every_command_survives_garbage(files: list[str], data: st.DataObject,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("SANDLOOP_ENV_DIR", str(cache / "envs"))  # never the host's store
     monkeypatch.chdir(cache)
     argv = data.draw(invocations(files))
     output.state.quiet = output.state.verbose = False
@@ -123,6 +150,13 @@ def test_every_command_survives_garbage(files: list[str], data: st.DataObject,
     assert code in (0, 1, 2, 3), (argv, code, err)
     assert "Traceback" not in err, (argv, err)
     assert "internal error" not in err, (argv, err)
+    assert _only_sandloop_errors(err), (argv, err)
+
+
+def _only_sandloop_errors(err: str) -> bool:
+    """Every error line on stderr is the CLI's one form (``sandloop: error: ...``)."""
+    return not any("error:" in ln and not ln.startswith("sandloop: error: ")
+                   for ln in err.splitlines())
 
 
 def _path_argv(cmd: tuple[str, ...], path: str) -> list[str]:
@@ -130,7 +164,7 @@ def _path_argv(cmd: tuple[str, ...], path: str) -> list[str]:
     spec = COMMANDS[cmd]
     argv = [*cmd]
     for name, kind in spec.items():
-        if kind == "path":
+        if kind in ("path", "file"):
             argv += [path] if name == "@" else [name, path]
     if cmd == ("score",):
         argv += ["--tasks", "humaneval", "--no-db"]
@@ -140,6 +174,10 @@ def _path_argv(cmd: tuple[str, ...], path: str) -> list[str]:
         argv += ["-o", "out.html"]
     if cmd == ("tasks", "diff"):
         argv.append(path)
+    if cmd == ("episodes", "replay"):
+        argv.insert(2, "some-episode")
+    if cmd == ("train",):
+        argv += ["--steps", "1"]
     return argv
 
 
@@ -148,6 +186,7 @@ def test_every_command_on_every_garbage_file(files: list[str], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # The systematic half: each command with each kind of bad file in each of its file places.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SANDLOOP_ENV_DIR", str(tmp_path / "envs"))
     monkeypatch.chdir(tmp_path)
     bad: list[tuple[list[str], int, str]] = []
     for cmd in sorted(COMMANDS):
@@ -157,6 +196,39 @@ def test_every_command_on_every_garbage_file(files: list[str], tmp_path: Path,
             argv = _path_argv(cmd, path)
             code = run_guarded(app, argv)
             err = capsys.readouterr().err
-            if code not in (0, 1, 2, 3) or "Traceback" in err or "internal error" in err:
+            if (code not in (0, 1, 2, 3) or "Traceback" in err or "internal error" in err
+                    or not _only_sandloop_errors(err)):
                 bad.append((argv, code, err[-300:]))
     assert not bad, "\n".join(f"{' '.join(a)} -> {c}: {e}" for a, c, e in bad)
+
+
+@pytest.mark.parametrize("argv", [
+    ["env", "check", "--slots", "0"], ["env", "check", "--slots", "-1"],
+    ["env", "check", "--repeat", "0"], ["env", "check", "--repeat", "x"],
+    ["episodes", "replay", "x", "--db", "missing.db"], ["episodes", "list", "--db", "."],
+    ["env", "show", "nothing-here"], ["cluster", "status", "127.0.0.1:1"],
+    ["serve", "--api-keys-file", "missing.json"],
+])
+def test_sub_commands_print_the_one_error_line(argv: list[str], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Option values out of range (env check would otherwise start a pool) and inputs that do
+    # not exist: exit 2, and stderr is exactly one line in the CLI's form.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SANDLOOP_ENV_DIR", str(tmp_path / "envs"))
+    monkeypatch.chdir(tmp_path)
+    code = run_guarded(app, argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sandloop: error: "), err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed")
+def test_train_without_torch_says_what_to_install(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_guarded(app, ["train", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("sandloop: error: sandloop train needs the train extra"), err
+    assert "pip install 'sandloop[train]'" in err and len(err.strip().splitlines()) == 1

@@ -68,3 +68,63 @@ def test_episode_requests_are_checked(repo_server: tuple[LiveServer, Path]) -> N
         bad = c.post("/v1/episodes", json={"task_set": "humaneval", "task_id": "HumanEval/0"})
         assert bad.status_code == 400 and "no repository tasks" in bad.json()["error"]
         assert c.post("/v1/episodes/nope/call", json={"tool": "submit"}).status_code == 404
+
+
+def test_score_without_a_task_set_skips_the_repo_set(
+        repo_server: tuple[LiveServer, Path]) -> None:
+    # Every served set is merged for a task id without task_set; the repo set is episodes',
+    # not scoring's, and used to make every such request fail.
+    from sandloop.tasks import load_tasks
+
+    he0 = load_tasks("humaneval")[0]
+    server, _ = repo_server
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post("/v1/score", json={"items": [
+            {"task": he0.id, "completion": he0.reference_solution or ""}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["reward"] == 1.0, r.text
+        named = c.post("/v1/score", json={"items": [{"task": TASK.id, "completion": "x"}],
+                                          "task_set": "repo-demo"})
+        assert named.status_code == 400 and "/v1/episodes" in named.json()["error"], named.text
+        unknown = c.post("/v1/score", json={"items": [{"task": TASK.id, "completion": "x"}]})
+        assert unknown.status_code == 400, unknown.text  # a repo task id is no scoring task
+
+
+@pytest.fixture(scope="module")
+def quota_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, str]]:
+    from sandloop.server import add_key
+
+    keys = tmp_path_factory.mktemp("epkeys") / "keys.json"
+    token = add_key(keys, "q", max_runs=4)
+    with LiveServer(ServerConfig(slots=2, task_sets=("repo-demo",)), keys_file=keys) as s:
+        yield s, token
+
+
+def test_episode_runs_are_charged_to_the_key(quota_server: tuple[LiveServer, str]) -> None:
+    # A key with max_runs 4: the start (its reset) and each run, run_tests and submit count
+    # as one run; reading and writing files do not. The fifth running call is a 429.
+    server, token = quota_server
+    with httpx.Client(base_url=server.url, timeout=120,
+                      headers={"Authorization": f"Bearer {token}"}) as c:
+        r = c.post("/v1/episodes", json={"task_set": "repo-demo", "task_id": TASK.id})
+        assert r.status_code == 201, r.text  # 1
+        eid = r.json()["episode_id"]
+
+        def call(tool: str, **args: object) -> httpx.Response:
+            return c.post(f"/v1/episodes/{eid}/call", json={"tool": tool, "arguments": args})
+
+        assert call("read_file", path="spanlib/core.py").status_code == 200  # free
+        assert call("write_file", path="notes.txt", content="x").status_code == 200  # free
+        assert call("run_tests").status_code == 200  # 2
+        assert call("run", command="true").status_code == 200  # 3
+        assert call("run", command="echo hi").status_code == 200  # 4
+        for tool, args in (("run", {"command": "echo over"}), ("run_tests", {}), ("submit", {})):
+            over = call(tool, **args)
+            assert over.status_code == 429, (tool, over.text)
+            assert over.json()["code"] == "quota_exceeded", over.text
+        assert call("list_dir").status_code == 200  # reading is still allowed
+        again = c.post("/v1/episodes", json={"task_set": "repo-demo", "task_id": TASK.id})
+        assert again.status_code == 429 and again.json()["code"] == "quota_exceeded"
+        state = c.get(f"/v1/episodes/{eid}").json()
+        assert not state["done"] and state["turns"] == 6  # refused calls were no turns
+    assert server.state.keys.policies()[0].runs == 4

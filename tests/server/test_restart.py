@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-from live import free_port, serve_process
+from live import boot_ticks, free_port, processes_in, serve_process, uid_ranges_of
 
 N_JOBS = 8
 # Each run prints a fresh random token: a result recomputed after the restart would differ.
@@ -35,10 +35,20 @@ def test_server_killed_mid_load_loses_no_accepted_job(tmp_path: Path) -> None:
     port = free_port()
     keys = [f"job-{i}" for i in range(N_JOBS)]
     server = _start(port, journal)
+    # The slot uids the first server's pool claimed: its processes, and no other server's.
+    uids = uid_ranges_of(server.pid)
+    assert uids, "the server holds its uid range once ready"
     try:
         with concurrent.futures.ThreadPoolExecutor(N_JOBS) as pool:
             futures = {k: pool.submit(_run, port, k) for k in keys}
-            time.sleep(1.0)  # some finished, some running, the rest queued
+            # Some finish, some run, the rest queue; meanwhile its runs show in its range (so
+            # the range counted below is the right one).
+            seen, until = False, time.monotonic() + 1.0
+            while time.monotonic() < until:
+                seen = seen or bool(processes_in(uids))
+                time.sleep(0.05)
+            assert seen, "the server's runs should show in its uid range"
+            killed_at = boot_ticks()
             os.killpg(server.pid, signal.SIGKILL)  # the whole server, fork-servers included
             server.wait()
             first = {k: f.result() for k, f in futures.items()}
@@ -63,19 +73,13 @@ def test_server_killed_mid_load_loses_no_accepted_job(tmp_path: Path) -> None:
     # ...and a result a client already received is answered from the journal, not recomputed.
     for k, r in finished_first.items():
         assert second[k]["stdout"] == r["stdout"], k  # type: ignore[index]
-    # The killed server's fork-servers and runs died with it (parent-death signals).
+    # The killed server's fork-servers and runs died with it (parent-death signals). Its uid
+    # range is free since the kill, so only processes started before it are counted (the
+    # restarted server, or any other pool, may have claimed the range since).
+    def left() -> list[int]:
+        return processes_in(uids, started_before=killed_at)
+
     deadline = time.monotonic() + 5
-    while _sandbox_uid_processes() and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _sandbox_uid_processes() == []
-
-
-def _sandbox_uid_processes() -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{pid}").st_uid >= 61000:
-                out.append(int(pid))
-        except OSError:
-            continue
-    return out
+    assert left() == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from live import LiveServer
+from live import LiveServer, pool_uid_range, processes_in
 
 from sandloop.server import KeyStore, check_bind
 from sandloop.server.auth import hash_token
@@ -141,21 +140,10 @@ def test_refuses_non_loopback_without_keys(tmp_path: Path) -> None:
     assert not KeyStore.load(None).enabled
 
 
-def _sandbox_processes() -> list[int]:
-    """Processes running as a sandbox slot uid (61000+)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            if int(line.split()[1]) >= 61000:
-                                out.append(int(pid))
-                            break
-            except OSError:
-                pass
-    return out
+def _sandbox_processes(server: LiveServer) -> list[int]:
+    """Processes running as one of this server's slot uids (its pool's claimed range; not
+    those of other sandloop servers on the host)."""
+    return processes_in([pool_uid_range(server.state.engine.backend.pool.uid_base)])
 
 
 def test_client_disconnect_leaves_no_process(server: LiveServer) -> None:
@@ -171,14 +159,14 @@ def test_client_disconnect_leaves_no_process(server: LiveServer) -> None:
                   f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
         socks.append(s)
     time.sleep(0.8)
-    assert _sandbox_processes(), "the runs should be going"
+    assert _sandbox_processes(server), "the runs should be going"
     for s in socks:
         s.close()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (_sandbox_processes()
+    while time.monotonic() < deadline and (_sandbox_processes(server)
                                            or server.state.engine.snapshot().running):
         time.sleep(0.1)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(server) == []
     assert server.state.engine.snapshot().running == 0
     # None of the three produced a result. The queued third was withdrawn; it may have been
     # dispatched (and killed) in the instant between the first two disconnects and its own.

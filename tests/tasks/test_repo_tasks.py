@@ -14,6 +14,7 @@ from sandloop.tasks.loaders import TaskFormatError
 from sandloop.tasks.patches import PatchError, apply_patch, make_patch, parse_patch
 from sandloop.tasks.repo import (
     bundled_repo_path,
+    is_repo_set,
     is_test_path,
     load_repo_tasks,
     parse_repo_record,
@@ -118,3 +119,18 @@ def test_bundled_set_matches_its_source() -> None:
     assert bundled_repo_path().read_text() == render()
     tasks = load_repo_tasks("repo-demo")
     assert len(tasks) >= 4 and all(t.patch and t.test_patch for t in tasks)
+
+
+def test_is_repo_set_tells_the_kinds_apart(tmp_path: Path) -> None:
+    from sandloop.tasks.loaders import humaneval_path
+
+    assert is_repo_set("repo-demo") and is_repo_set(bundled_repo_path())
+    assert not is_repo_set("humaneval") and not is_repo_set(str(humaneval_path()))
+    swe = tmp_path / "swe.jsonl"
+    swe.write_text("\n" + json.dumps({"instance_id": "a", "FAIL_TO_PASS": "[]"}) + "\n")
+    assert is_repo_set(str(swe))
+    for name, data in {"garbage.jsonl": b"\xff{", "empty.jsonl": b"", "arr.jsonl": b"[1]\n"
+                       }.items():
+        (tmp_path / name).write_bytes(data)
+        assert not is_repo_set(str(tmp_path / name)), name  # the loader says what is wrong
+    assert not is_repo_set(str(tmp_path / "missing.jsonl")) and not is_repo_set(str(tmp_path))

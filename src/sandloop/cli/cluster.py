@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sandloop.cli.exits import ExitCode, print_error
+
 cluster_app = typer.Typer(help="The Ray cluster sandloop runs on (docs/cluster.md).",
                           no_args_is_help=True)
 
@@ -83,8 +85,8 @@ def status(
     try:
         rows = cluster_nodes(address)
     except ClusterUnavailable as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        raise typer.Exit(2) from e
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     if as_json:
         for row in rows:
             sys.stdout.write(json.dumps(row, sort_keys=True) + "\n")

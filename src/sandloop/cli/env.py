@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sandloop.cli.exits import ExitCode, print_error
 from sandloop.envs import (
     BUILTIN_LANGUAGES,
     EnvInfo,
@@ -24,7 +25,7 @@ from sandloop.envs import (
     builtin_spec,
     load_spec,
 )
-from sandloop.errors import EnvError
+from sandloop.errors import EnvError, InputError
 
 app = typer.Typer(help="Runtime environments: build specs into content-addressed read-only "
                        "trees, list, show, remove, verify; check determinism across slots.",
@@ -38,12 +39,18 @@ Ref = Annotated[str, typer.Argument(help="Environment name, id or id prefix (>= 
 
 
 def _store(store: Path | None) -> EnvStore:
+    if store is not None and store.exists() and not store.is_dir():
+        print_error(f"--store {store}: not a directory (the environment store is one)")
+        raise typer.Exit(ExitCode.BAD_INPUT)
     return EnvStore(store)
 
 
-def _fail(e: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/] {e}")
-    return typer.Exit(2 if isinstance(e, ValueError) else 1)
+def _fail(e: EnvError) -> typer.Exit:
+    """The one error line, and the exit: 2 for the caller's input (a bad spec, an unknown
+    environment), 3 for a build that failed underneath (cli/exits.py)."""
+    print_error(e)
+    return typer.Exit(ExitCode.BAD_INPUT if isinstance(e, InputError)
+                      else ExitCode.INFRASTRUCTURE)
 
 
 def _size(n: int) -> str:
@@ -171,7 +178,7 @@ def verify(
 def check(
     repeat: Annotated[int, typer.Option("--repeat", "-k", min=1, max=100,
                                         help="Rounds; each runs every probe once per slot.")] = 3,
-    slots: Annotated[int | None, typer.Option("--slots", help="Slots; default: cores.")] = None,
+    slots: Annotated[int | None, typer.Option("--slots", min=1, max=4096, help="Slots; default: cores.")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Run the determinism probe set K times across all slots; report every probe whose

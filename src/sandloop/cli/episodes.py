@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+
+from sandloop.cli.exits import ExitCode, print_error
 
 if TYPE_CHECKING:
     from sandloop.episodes.replay import ReplayReport
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 episodes_app = typer.Typer(help="Multi-turn episodes: list and replay recorded ones.",
                            no_args_is_help=True)
-err = Console(stderr=True)
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 DbOpt = Annotated[Path, typer.Option(
     "--db", help="The SQLite file episodes were recorded in (sandloop serve --db, or "
@@ -31,13 +32,26 @@ def _log(db: Path) -> EpisodeLog:
     from sandloop.store.episodes import EpisodeLog
 
     if not db.is_file():
-        err.print(f"[red]no such file: {db}[/red]")
-        raise typer.Exit(2)
+        print_error(f"--db {db}: no such file")
+        raise typer.Exit(ExitCode.BAD_INPUT)
+    # A file that is not SQLite at all is the caller's mistake (exit 2); a SQLite file that
+    # cannot be opened is a store failure (StoreError: exit 3, by cli/exits.py).
+    try:
+        with db.open("rb") as fh:
+            magic = fh.read(len(_SQLITE_MAGIC))
+    except OSError as e:
+        print_error(f"--db {db}: cannot read: {e.strerror or e}")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+    if magic != _SQLITE_MAGIC:
+        print_error(f"--db {db}: not an episode log (not a SQLite file); pass the file "
+                    "`sandloop serve --db` recorded episodes in")
+        raise typer.Exit(ExitCode.BAD_INPUT)
     return EpisodeLog(db)
 
 
 @episodes_app.command("list")
-def list_command(db: DbOpt, limit: Annotated[int, typer.Option(help="At most this many.")] = 20,
+def list_command(db: DbOpt,
+                 limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 20,
                  ) -> None:
     """The most recent episodes: id, task, turns, how they ended, reward."""
     log = _log(db)
@@ -56,7 +70,7 @@ def replay_command(
     episode_id: Annotated[str, typer.Argument(help="The episode's id.")],
     db: DbOpt,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    slots: Annotated[int | None, typer.Option("--slots", help="Sandbox slots.")] = None,
+    slots: Annotated[int | None, typer.Option("--slots", min=1, max=4096, help="Sandbox slots.")] = None,
 ) -> None:
     """Re-run a recorded episode's tool calls without a model; report any observation that
     differs (exit 1), or none (exit 0)."""
@@ -72,8 +86,8 @@ def replay_command(
     try:
         report = asyncio.run(go())
     except ReplayError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     finally:
         log.close()
     if as_json:

@@ -26,7 +26,7 @@ from sandloop.errors import InputError, SandloopError
 if TYPE_CHECKING:
     import typer
 
-__all__ = ["ExitCode", "one_line", "run_guarded"]
+__all__ = ["ExitCode", "one_line", "print_error", "run_guarded"]
 
 
 class ExitCode(IntEnum):
@@ -44,7 +44,9 @@ def one_line(text: object) -> str:
     return "; ".join(parts)
 
 
-def _say(message: str) -> None:
+def print_error(message: object) -> None:
+    """The one error line every command prints: ``sandloop: error: <message>`` on stderr,
+    ``message`` joined onto one line (no markup: a path with brackets stays as it is)."""
     sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
     sys.stderr.flush()
 
@@ -80,24 +82,24 @@ def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     except click.ClickException as e:
         where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else "sandloop"
-        _say(f"{e.format_message()} (see '{where} --help')")
+        print_error(f"{e.format_message()} (see '{where} --help')")
         return e.exit_code if e.exit_code in (1, 2) else ExitCode.BAD_INPUT
     except typer.Abort:
-        _say("aborted")
+        print_error("aborted")
         return 130
     except (InputError, UnicodeDecodeError) as e:
         # Raised by a command that did not catch its own input error: still the caller's input.
-        _say(str(e))
+        print_error(str(e))
         if output.state.verbose:
             traceback.print_exc()
         return ExitCode.BAD_INPUT
     except (SandloopError, OSError) as e:
-        _say(f"{type(e).__name__}: {e}")
+        print_error(f"{type(e).__name__}: {e}")
         if output.state.verbose:
             traceback.print_exc()
         return ExitCode.INFRASTRUCTURE
     except Exception as e:
-        _say(f"internal error {type(e).__name__}: {e} (a bug in sandloop; --verbose shows "
+        print_error(f"internal error {type(e).__name__}: {e} (a bug in sandloop; --verbose shows "
              "the traceback to report)")
         if output.state.verbose:
             traceback.print_exc()

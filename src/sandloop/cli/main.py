@@ -19,7 +19,7 @@ from sandloop.cli import output
 from sandloop.cli.cluster import cluster_app
 from sandloop.cli.env import app as env_app
 from sandloop.cli.episodes import episodes_app
-from sandloop.cli.exits import ExitCode, one_line, run_guarded
+from sandloop.cli.exits import ExitCode, print_error, run_guarded
 from sandloop.cli.monitor import monitor_app
 from sandloop.cli.options import (
     Db,
@@ -59,7 +59,7 @@ def _isolation(no_isolation: bool) -> str:
 
 def _error(message: str) -> None:
     """One line on stderr: the input, the field, the problem."""
-    sys.stderr.write(f"sandloop: error: {one_line(message)}\n")
+    print_error(message)
 
 
 def _settings() -> Settings:
@@ -378,20 +378,40 @@ def serve(
         "--rollout-log", help="SQLite log of the scored rollouts that come with a training step "
                               "(read by `sandloop monitor`).")] = None,
     ray: RayAddress = None,
+    max_batch: Annotated[int | None, typer.Option(
+        "--max-batch", min=1, max=1 << 20,
+        help="Programs per request; default: the project's max_batch (sandloop.toml, "
+             "SANDLOOP_MAX_BATCH), else 1024.")] = None,
+    max_time_s: Annotated[float | None, typer.Option(
+        "--max-time-s", callback=positive, max=86400,
+        help="The most wall time one run may ask; default: the project's max_time_s, else "
+             "300.")] = None,
+    max_memory_mb: Annotated[int | None, typer.Option(
+        "--max-memory-mb", min=1, max=1 << 22,
+        help="The most memory one run may ask, MiB; default: the project's max_memory_mb, "
+             "else 8192.")] = None,
 ) -> None:
-    """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics."""
+    """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics.
+
+    Per-run and per-request limits: the flags, else SANDLOOP_* variables, else the config file
+    (sandloop.toml / [tool.sandloop])."""
     from sandloop.monitor.rolloutlog import RolloutLogError
     from sandloop.server.auth import KeysFileError
     from sandloop.server.cli import serve_command
     from sandloop.server.usage import UsageLedgerError
 
+    project = _settings()  # file < environment; the flags below win over both
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
                       tuple(task_set or ["humaneval"]), max_body_mb, log_level,
                       tuple(preload or ()), usage_db, max_sessions=max_sessions,
                       max_sessions_per_key=max_sessions_per_key,
                       session_memory_mb=session_memory_mb, public_docs=public_docs,
-                      public_metrics=public_metrics, rollout_log=rollout_log, ray_address=ray)
+                      public_metrics=public_metrics, rollout_log=rollout_log, ray_address=ray,
+                      max_batch=project.max_batch if max_batch is None else max_batch,
+                      max_time_s=project.max_time_s if max_time_s is None else max_time_s,
+                      max_memory_mb=(project.max_memory_mb if max_memory_mb is None
+                                     else max_memory_mb))
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None
@@ -409,20 +429,9 @@ def add_key(
         min=1, help="Sessions open at once (default: the server's --max-sessions-per-key).")] = None,
 ) -> None:
     """Create an API key for `sandloop serve`; prints the token once (only its hash is stored)."""
-    from sandloop.server.auth import KeysFileError, KeyStore
+    from sandloop.server.auth import KeysFileError
     from sandloop.server.auth import add_key as create
 
-    if keys_file.exists():
-        # An existing file must be a valid keys file before a key is added to it (else the
-        # adding itself fails half-way on, say, a JSON array).
-        try:
-            KeyStore.load(keys_file)
-        except (KeysFileError, ValueError, OSError) as e:
-            _error(str(e))
-            raise typer.Exit(ExitCode.BAD_INPUT) from None
-        except RecursionError:
-            _error(f"{keys_file}: not a keys file (JSON nested too deeply)")
-            raise typer.Exit(ExitCode.BAD_INPUT) from None
     try:
         print(create(keys_file, key_id, rate=rate, burst=burst, max_runs=max_runs,
                      max_concurrent=max_concurrent, max_sessions=max_sessions))

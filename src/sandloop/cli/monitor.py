@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from sandloop.cli.exits import ExitCode, print_error
+
 if TYPE_CHECKING:
     from sandloop.monitor.analysis import RunAnalysis
     from sandloop.monitor.records import Rollout
@@ -147,8 +149,8 @@ def analyze(
     try:
         result = _analyse(log, run, tasks, audit_share, db, no_db, slots, no_isolation, lag)
     except _load_errors() as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        raise typer.Exit(2) from e
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     if as_json:
         out = sys.stdout
         for a in result.alerts:
@@ -191,8 +193,8 @@ def report(
                                         title=f"sandloop monitor: {log.name}"),
                           encoding="utf-8")
     except _load_errors() as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        raise typer.Exit(2) from e
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     err.print(f"report: {output} ({len(result.steps)} steps, {len(result.alerts)} alerts)")
 
 
@@ -207,14 +209,14 @@ def export(
     from sandloop.monitor.rolloutlog import ParquetUnavailable, RolloutLog, is_sqlite
 
     if not is_sqlite(db_path):
-        err.print(f"[red]error:[/] {db_path} is not a SQLite rollout log")
-        raise typer.Exit(2)
+        print_error(f"{db_path} is not a SQLite rollout log")
+        raise typer.Exit(ExitCode.BAD_INPUT)
     errors: tuple[type[Exception], ...] = (ParquetUnavailable, *_load_errors())
     try:
         with RolloutLog(db_path) as db:
             n = (db.export_parquet(output, run) if output.suffix == ".parquet"
                  else db.export_jsonl(output, run))
     except errors as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        raise typer.Exit(2) from e
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     err.print(f"{n} rollouts -> {output}")

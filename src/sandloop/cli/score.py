@@ -182,6 +182,9 @@ def score_command(
     ks = _check_k(k, items)
     if isinstance(ks, str):
         return _fail(ks)
+    problem = _time_limit_problem(items, by_id, time_scale, settings)
+    if problem:
+        return _fail(problem)
     if rollout_log is None and os.environ.get("SANDLOOP_ROLLOUT_LOG"):
         rollout_log = Path(os.environ["SANDLOOP_ROLLOUT_LOG"])
     problem = _rollout_options_problem(items, step, rollout_log)
@@ -253,6 +256,25 @@ def score_command(
         if by_kind:
             _print_by_kind(console, results)
     return ExitCode.INFRASTRUCTURE if summary.null_rewards else ExitCode.OK
+
+
+def _time_limit_problem(items: Sequence[Completion], tasks: dict[str, Task],
+                        time_scale: float, settings: Settings) -> str | None:
+    """Why a task's per-test time limit times ``--time-scale`` exceeds the project's
+    ``max_time_s`` (the most one run may ask), or None. Checked before anything runs, like
+    ``exec-batch`` lines: else a scaled limit far above the project's maximum would be found
+    only by a run that takes that long."""
+    for task_id in dict.fromkeys(c.task_id for c in items):
+        task = tasks.get(task_id)
+        if task is None:
+            continue
+        scaled = task.limits.time_s * time_scale
+        if scaled > settings.max_time_s:
+            return (f"task {task_id}: limits.time_s {task.limits.time_s:g} x --time-scale "
+                    f"{time_scale:g} = {scaled:g} s is over the project's max_time_s="
+                    f"{settings.max_time_s:g} (lower --time-scale, or raise max_time_s in "
+                    "sandloop.toml)")
+    return None
 
 
 def _rollout_options_problem(items: Sequence[Completion], step: int | None,

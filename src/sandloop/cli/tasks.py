@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sandloop.cli.exits import ExitCode, print_error
+
 if TYPE_CHECKING:
     from sandloop.curation.difficulty import Difficulty
     from sandloop.curation.validate import ValidationRun
@@ -86,8 +88,8 @@ def _run(fn: Any) -> None:
     try:
         code = fn()
     except _BadInput as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     raise typer.Exit(code or 0)
 
 

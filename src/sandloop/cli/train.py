@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+from sandloop.cli.exits import ExitCode, print_error
 
 __all__ = ["train"]
-
-err = Console(stderr=True, soft_wrap=True)
 
 
 def train(
@@ -42,14 +40,14 @@ def train(
 ) -> None:
     """Run GRPO with sandloop rewards: execute → reward → update, with curriculum and monitor."""
     if reward not in ("proper", "weak"):
-        err.print(f"[red]error:[/] --reward {reward!r}: choose proper or weak")
-        raise typer.Exit(2)
+        print_error(f"--reward {reward!r}: choose proper or weak")
+        raise typer.Exit(ExitCode.BAD_INPUT)
     try:
         from sandloop.train.loop import TrainConfig, TrainError, run_training
     except ImportError as e:
-        err.print(f"[red]error:[/] sandloop train needs the train extra ({e.name} is missing): "
-                  + escape("pip install 'sandloop[train]' (or `make .venv-train`)"))
-        raise typer.Exit(2) from e
+        print_error(f"sandloop train needs the train extra ({e.name} is missing): "
+                    "pip install 'sandloop[train]' (or `make .venv-train`)")
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     cfg = TrainConfig(out=out, model=model, steps=steps, seed=seed, tasks=tasks,
                       reward=reward,  # type: ignore[arg-type]
                       partial_credit=partial_credit, compile_error_reward=compile_error_reward,
@@ -61,6 +59,6 @@ def train(
     try:
         summary = run_training(cfg)
     except TrainError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from e
+        print_error(e)
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
     print(json.dumps(summary))

@@ -162,20 +162,19 @@ class KeyStore:
 
     @classmethod
     def load(cls, path: Path | None) -> KeyStore:
+        """The keys in ``path`` (no keys for None). Raises :class:`KeysFileError` for a file
+        that cannot be read or is not a keys file."""
         if path is None:
             return cls([])
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise KeysFileError(f"{path}: cannot read: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise KeysFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        data = _read_keys_json(path)
         try:
             parsed = _KeysFile.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
             raise KeysFileError(f"{path}: {loc}: {err['msg']}") from None
+        except RecursionError:  # a value nested too deeply for the validator
+            raise KeysFileError(f"{path}: not a keys file (JSON nested too deeply)") from None
         return cls(parsed.keys)
 
     @property
@@ -209,12 +208,33 @@ class KeyStore:
         return found
 
 
+def _read_keys_json(path: Path) -> Any:
+    """The JSON in ``path``; :class:`KeysFileError` if it cannot be read or parsed.
+
+    ``json.loads`` raises RecursionError (not a JSONDecodeError) on arrays or objects nested
+    some thousands deep; caught here, so such a file is a bad keys file (exit 2), not an
+    internal error of the server."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise KeysFileError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise KeysFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise KeysFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise KeysFileError(f"{path}: not a keys file (JSON nested too deeply)") from None
+
+
 def add_key(path: Path, key_id: str, **limits: Any) -> str:
     """Create a key ``key_id`` in the keys file at ``path`` (created if missing, mode 0600);
     returns the token, which is shown only once."""
     data: dict[str, Any] = {"keys": []}
     if path.exists():
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # Validated as a whole first: a key appended to a file the server cannot load would
+        # only fail later, at ``serve``; and a JSON array here used to crash the appending.
+        KeyStore.load(path)
+        data = _read_keys_json(path)
     token = generate_token()
     rec = KeyRecord(id=key_id, sha256=hash_token(token),
                     **{k: v for k, v in limits.items() if v is not None})

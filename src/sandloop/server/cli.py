@@ -54,6 +54,9 @@ def serve_command(
     public_metrics: bool = False,
     rollout_log: Path | None = None,
     ray_address: str | None = None,
+    max_batch: int | None = None,
+    max_time_s: float | None = None,
+    max_memory_mb: int | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
@@ -61,7 +64,9 @@ def serve_command(
     the port listens. Raises ConfigError for a setting out of range or a port that cannot be
     bound, ValueError for a non-loopback ``host`` without API keys, KeysFileError for a bad keys
     file, UsageLedgerError when the quota ledger cannot be opened, RolloutLogError when
-    ``rollout_log`` is not a usable SQLite rollout log."""
+    ``rollout_log`` is not a usable SQLite rollout log. ``max_batch``, ``max_time_s`` and
+    ``max_memory_mb``: None takes ServerConfig's default (the CLI passes the project's
+    settings: sandloop.toml < SANDLOOP_* < its flags)."""
     import uvicorn
 
     from sandloop.server.app import create_app
@@ -79,7 +84,11 @@ def serve_command(
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
                           public_metrics=public_metrics, rollout_log=rollout_log,
-                          ray_address=ray_address)
+                          ray_address=ray_address,
+                          max_batch=ServerConfig.max_batch if max_batch is None else max_batch,
+                          max_time_s=ServerConfig.max_time_s if max_time_s is None else max_time_s,
+                          max_memory_mb=(ServerConfig.max_memory_mb if max_memory_mb is None
+                                         else max_memory_mb))
     check_config(config)
     configure_logging(log_level)
     sock = bind(host, port)

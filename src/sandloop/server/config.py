@@ -8,10 +8,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sandloop.errors import InputError, ServerError
+from sandloop.settings import Settings
 from sandloop.tasks import BUILTIN_SETS
 from sandloop.tasks.repo import REPO_BUILTIN_SETS
 
 __all__ = ["ConfigError", "ServerConfig", "check_bind", "check_config", "is_loopback"]
+
+# The limits a project may set in sandloop.toml have one default, Settings' (``sandloop serve``
+# takes them from the project's settings; these are for a ServerConfig built in Python).
+_PROJECT = Settings.model_fields
 
 
 class ConfigError(ServerError, InputError):
@@ -35,10 +40,10 @@ class ServerConfig:
     rollout_log: Path | None = None  # SQLite log of scored rollouts that came with a step
     task_sets: tuple[str, ...] = ("humaneval",)
     max_body_bytes: int = 16 << 20
-    max_batch: int = 1024
+    max_batch: int = _PROJECT["max_batch"].default
     max_score_items: int = 1024
-    max_time_s: float = 300.0
-    max_memory_mb: int = 8192
+    max_time_s: float = _PROJECT["max_time_s"].default
+    max_memory_mb: int = _PROJECT["max_memory_mb"].default
     max_output_bytes: int = 8 << 20  # per stream (stdout, stderr) of one run
     max_workdir_mb: int = 1024
     default_sf_memory_mb: int = 1024  # SandboxFusion's memory_limit_MB=-1 ("unlimited")

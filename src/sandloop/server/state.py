@@ -15,6 +15,7 @@ from sandloop.server.observability import Metrics
 from sandloop.server.usage import UsageLedger
 from sandloop.store import ResultStore
 from sandloop.tasks import Task, load_tasks
+from sandloop.tasks.repo import is_repo_set
 
 __all__ = ["ServerState"]
 
@@ -35,6 +36,7 @@ class ServerState:
         self.opening: dict[str, int] = {}  # sessions being opened, per key
         self.task_sets: dict[str, dict[str, Task]] = {}
         self.samplers: dict[str, TaskSampler] = {}  # curriculum per served task set
+        self.set_is_repo: dict[str, bool] = {}  # served set -> holds repository tasks
         self.task_lock = asyncio.Lock()
         self.store: ResultStore | None = None
         self.resume_task: asyncio.Task[None] | None = None
@@ -71,13 +73,22 @@ class ServerState:
         return r
 
     async def tasks_for(self, name: str | None) -> dict[str, Task]:
-        """The tasks of served set ``name`` (all served sets when None), loaded once."""
-        names = [name] if name is not None else list(self.config.task_sets)
-        for n in names:
-            if n not in self.config.task_sets:
-                raise RequestError(f"task set {n!r} is not served here; available: "
-                                   f"{', '.join(self.config.task_sets) or '(none)'}")
+        """The scoring tasks of served set ``name`` (all served sets when None), loaded once.
+
+        Repository task sets are episodes' (``/v1/episodes``), not scoring's: they are left out
+        when every served set is merged, and a 400 when named."""
+        if name is not None and name not in self.config.task_sets:
+            raise RequestError(f"task set {name!r} is not served here; available: "
+                               f"{', '.join(self.config.task_sets) or '(none)'}")
         async with self.task_lock:
+            for n in self.config.task_sets if name is None else [name]:
+                if n not in self.set_is_repo:
+                    self.set_is_repo[n] = await asyncio.to_thread(is_repo_set, n)
+            if name is not None and self.set_is_repo[name]:
+                raise RequestError(f"task set {name!r} holds repository tasks: they are graded "
+                                   "by episodes (POST /v1/episodes), not scored")
+            names = [name] if name is not None else [
+                n for n in self.config.task_sets if not self.set_is_repo[n]]
             for n in names:
                 if n not in self.task_sets:
                     self.task_sets[n] = {t.id: t for t in await asyncio.to_thread(load_tasks, n)}

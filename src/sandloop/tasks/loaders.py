@@ -17,7 +17,7 @@ import io
 import json
 import pickle
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,7 @@ def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     return read_jsonl(path)
 
 
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None]:
     """Yield (line number, object) for each non-blank line of a JSONL file (``.gz`` allowed)."""
     opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
     try:

@@ -34,6 +34,7 @@ __all__ = [
     "bundled_repo_path",
     "from_swebench",
     "is_repo_record",
+    "is_repo_set",
     "is_test_path",
     "load_repo_tasks",
     "parse_repo_record",
@@ -287,6 +288,25 @@ def is_repo_record(rec: Mapping[str, Any]) -> bool:
     """Whether a JSON record is a repository task (native or SWE-bench style)."""
     return rec.get("schema") == REPO_SCHEMA or rec.get("kind") == "repo" \
         or {"instance_id", "FAIL_TO_PASS"} <= set(rec)
+
+
+def is_repo_set(source: str | Path) -> bool:
+    """Whether ``source`` names a set of repository tasks: a built-in repo set, or a JSONL
+    file whose first record is one (sets are of one kind). False for anything unreadable:
+    the loader that is asked for it says what is wrong."""
+    if isinstance(source, str) and source in REPO_BUILTIN_SETS:
+        return True
+    path = Path(source)
+    if not path.is_file():
+        return False
+    records = read_jsonl(path)
+    try:
+        first = next(records, None)
+    except TaskFormatError:
+        return False
+    finally:
+        records.close()  # the file, now
+    return first is not None and is_repo_record(first[1])
 
 
 def bundled_repo_path() -> Path:

@@ -3,8 +3,10 @@
 ``POST /v1/episodes`` starts one (a task from a set served with ``--task-set``),
 ``POST /v1/episodes/{id}/call`` calls a tool, ``GET`` reads its state, ``DELETE`` ends it.
 Episodes belong to the API key that started them; each key holds at most
-``max_sessions_per_key`` unfinished episodes (they hold sessions). With ``--db``, every episode
-is recorded there for ``sandloop episodes replay``.
+``max_sessions_per_key`` unfinished episodes (they hold sessions). The start (its reset) and
+every call of a tool that runs something in the sandbox (``RUNNING_TOOLS``) is charged to the
+key like one run: quota (``max_runs``), rate limit and requests in flight. With ``--db``, every
+episode is recorded there for ``sandloop episodes replay``.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandloop.episodes import Episode, EpisodeConfig, EpisodeFinished
 from sandloop.server.auth import KeyPolicy, Refused
 from sandloop.server.config import ServerConfig
-from sandloop.server.dependencies import EngineDep, Key
+from sandloop.server.dependencies import EngineDep, Key, QuotaDep
 from sandloop.server.errors import ERROR_RESPONSES, RequestError
 from sandloop.store.episodes import EpisodeLog
 from sandloop.tasks.loaders import TaskFormatError
 from sandloop.tasks.repo import RepoTask, load_repo_tasks
 
-__all__ = ["episodes_router"]
+__all__ = ["RUNNING_TOOLS", "episodes_router"]
+
+# Tools whose call runs a program in the episode's sandbox: each is charged like a run.
+# Threat: without it, a key with a quota or a rate limit could run unlimited commands through
+# episodes (a `run` is any bash command). The others are answered from the episode's view of
+# the files, or are a plain read of the work dir.
+RUNNING_TOOLS = frozenset({"run", "run_tests", "submit"})
 
 _KEEP_FINISHED = 4096  # finished episodes kept for GET, oldest dropped first
 
@@ -78,7 +86,8 @@ def episodes_router(config: ServerConfig) -> APIRouter:
             episodes.pop(k, None)
 
     @router.post("/v1/episodes", status_code=201)
-    async def start(pol: Key, engine: EngineDep, body: EpisodeStartBody) -> dict[str, Any]:
+    async def start(pol: Key, quota: QuotaDep, engine: EngineDep,
+                    body: EpisodeStartBody) -> dict[str, Any]:
         """Start an episode: returns its id, the first observation (problem statement and
         file list) and the tools' JSON schemas."""
         task = await task_of(body.task_set, body.task_id)
@@ -93,22 +102,31 @@ def episodes_router(config: ServerConfig) -> APIRouter:
             log.append(EpisodeLog(config.db))
         cfg = EpisodeConfig(client=pol.id, max_turns=body.max_turns or EpisodeConfig.max_turns)
         ep = Episode(engine, task, cfg, log=log[0] if log else None)
-        episodes[ep.id] = (ep, pol.id)  # counted while the reset awaits
-        try:
-            obs = await ep.reset()
-        except BaseException:
-            episodes.pop(ep.id, None)
-            raise
+        with quota.charge(1):  # the reset writes the snapshot in the sandbox: one run
+            episodes[ep.id] = (ep, pol.id)  # counted while the reset awaits
+            try:
+                obs = await ep.reset()
+            except BaseException:
+                episodes.pop(ep.id, None)
+                raise
         prune()
         return {"episode_id": ep.id, "observation": obs, "tools": ep.tools}
 
     @router.post("/v1/episodes/{eid}/call")
-    async def call(pol: Key, eid: str, body: EpisodeCallBody) -> dict[str, Any]:
+    async def call(pol: Key, quota: QuotaDep, eid: str, body: EpisodeCallBody
+                   ) -> dict[str, Any]:
         """Call one tool; ``done`` is true once the episode ended (then the observation holds
-        ``reward``, ``verdict`` and per-test ``tests``)."""
+        ``reward``, ``verdict`` and per-test ``tests``). ``run``, ``run_tests`` and ``submit``
+        are charged to the key like a run (429 once its quota or rate is spent)."""
         ep = episode_of(pol, eid)
+        if ep.done:  # refused before charging: a call that cannot run spends nothing
+            raise Refused(409, f"episode {eid} ended ({ep.ended_by}); start a new episode")
         try:
-            obs = await ep.call(body.tool, body.arguments)
+            if body.tool in RUNNING_TOOLS:
+                with quota.charge(1):
+                    obs = await ep.call(body.tool, body.arguments)
+            else:
+                obs = await ep.call(body.tool, body.arguments)
         except EpisodeFinished as e:
             raise Refused(409, str(e)) from None
         return {"observation": obs, "done": ep.done}
