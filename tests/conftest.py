@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,6 +15,16 @@ import pytest_asyncio
 from sandloop import SandboxPool
 
 requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Environments the pools build on first use (the built-in ``python``) go to a store in
+    the temporary directory, not /var/lib/sandloop/envs: tests change nothing of the host's.
+    The store is kept between sessions (one build, 2-6 s here, serves them all; a changed
+    host interpreter makes a new one); subprocesses inherit the variable."""
+    if not os.environ.get("SANDLOOP_ENV_DIR"):
+        os.environ["SANDLOOP_ENV_DIR"] = os.path.join(
+            tempfile.gettempdir(), f"sandloop-test-envs-{os.geteuid()}")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandloop.envs import manifest
-from sandloop.envs.build import build_tree
+from sandloop.envs.build import build_tree, default_interpreter
 from sandloop.envs.environment import MOUNT_POINT, NODE_DIR, PYTHON_DIR, Environment
 from sandloop.envs.errors import EnvBuildError, EnvNotFound
 from sandloop.envs.spec import BUILTIN_LANGUAGES, Determinism, EnvSpec, builtin_spec
@@ -284,6 +284,10 @@ def _source_unchanged(source: dict[str, Any]) -> bool:
     exe = source.get("interpreter")
     if not exe:
         return True
+    # The built-in copies the configured interpreter ($SANDLOOP_PYTHON, else sandloop's own):
+    # another one configured now is another environment.
+    if os.path.realpath(default_interpreter()) != os.path.realpath(exe):
+        return False
     try:
         st = os.stat(exe)
     except OSError:

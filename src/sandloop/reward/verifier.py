@@ -133,6 +133,8 @@ class CompletionResult(BaseModel):
     public: PassCount
     hidden: PassCount
     timings: dict[str, float] = Field(default_factory=dict)
+    environment: str | None = Field(
+        None, description="id of the environment the completion's programs ran in")
     assembled: str | None = Field(None, description="how the program was built from the completion")
     format_error: str | None = None
 
@@ -222,6 +224,7 @@ class Verifier:
         cmp = self.comparison or task.comparison
         asm = assemble(task, completion)
         timings: dict[str, float] = {}
+        env_id: str | None = None
         if asm.format_error is not None:
             outcomes = [
                 TestOutcome(name=t.name, verdict=Verdict.COMPILE_ERROR, hidden=task.is_hidden(t.name),
@@ -230,9 +233,9 @@ class Verifier:
             ]
         else:
             if task.language == "python":
-                judged, timings = await self._verify_harness(task, asm.source, cmp)
+                judged, timings, env_id = await self._verify_harness(task, asm.source, cmp)
             else:
-                judged, timings = await self._verify_per_test(task, asm.source, cmp)
+                judged, timings, env_id = await self._verify_per_test(task, asm.source, cmp)
             outcomes = await self._apply_checker(task, judged)
         reward, reason = shape_reward(
             outcomes, self.reward, format_error=asm.format_error is not None
@@ -253,6 +256,7 @@ class Verifier:
             public=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in pub), total=len(pub)),
             hidden=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in hid), total=len(hid)),
             timings=timings,
+            environment=env_id,
             assembled=asm.how,
             format_error=asm.format_error,
         )
@@ -298,19 +302,20 @@ class Verifier:
 
     async def _verify_harness(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float], str | None]:
         plan, limits = self._plan(task)
         program = Program(
             language="python",
             source=_STUB,
             stdin=json.dumps(plan, separators=(",", ":")),
             files={"solution.py": source, **_FILES},
+            environment=task.environment,
         )
         r = await self.run(program, limits)
         records = parse_channel(r.channel)
         outcomes = [self._judge(task, t, records.get(t.name), r, cmp) for t in task.tests]
         timings = {"sandbox_wall_s": round(r.wall_time_s, 6), "sandbox_cpu_s": round(r.cpu_time_s, 6)}
-        return outcomes, timings
+        return outcomes, timings, r.environment
 
     def _judge(
         self, task: Task, test: CallTest | IOTest | ScriptTest, rec: dict[str, Any] | None,
@@ -358,7 +363,7 @@ class Verifier:
 
     async def _verify_per_test(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float], str | None]:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
@@ -367,14 +372,14 @@ class Verifier:
         if task.language in ("c", "cpp"):
             # Compile once, then run each test in its own fresh sandbox on the same binary: a test
             # cannot touch another's output, and the compiler runs once, not once per test.
-            built = await self._compile(task.language, source, limits)
+            built = await self._compile(task.language, source, limits, task.environment)
             if isinstance(built, ExecResult):
                 return self._all_failed(task, tests, built), {
-                    "sandbox_wall_s": round(built.wall_time_s, 6)}
+                    "sandbox_wall_s": round(built.wall_time_s, 6)}, built.environment
             language, main_source, files = "bash", "chmod +x ./main && exec ./main", {"main": built}
         runs = await asyncio.gather(*(
-            self.run(Program(language=language, source=main_source, files=files, stdin=t.stdin),
-                     limits)
+            self.run(Program(language=language, source=main_source, files=files, stdin=t.stdin,
+                             environment=task.environment), limits)
             for t in tests))
         outcomes: list[_Judged] = []
         for t, r in zip(tests, runs, strict=True):
@@ -396,9 +401,10 @@ class Verifier:
                 detail = r.error or (r.compile.stderr[-300:] if r.compile else r.stderr[-300:])
                 outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
         timings = {"sandbox_wall_s": round(sum(r.wall_time_s for r in runs), 6)}
-        return outcomes, timings
+        return outcomes, timings, next((r.environment for r in runs if r.environment), None)
 
-    async def _compile(self, language: str, source: str, run: Limits) -> bytes | ExecResult:
+    async def _compile(self, language: str, source: str, run: Limits,
+                       environment: str | None = None) -> bytes | ExecResult:
         """The compiled program, or the failed (or infrastructure-failed) compile run.
 
         The compiler runs as a program of its own, within the compile limits that the test
@@ -412,7 +418,7 @@ class Verifier:
                         stdout_bytes=64 << 20, stderr_bytes=1 << 16)
         r = await self.run(
             Program(language="bash", source=f"exec {cmd}", files={spec.main_file: source},
-                    collect=[spec.binary]), limits)
+                    collect=[spec.binary], environment=environment), limits)
         binary = r.files.get(spec.binary)
         if r.status is Status.OK and binary:
             return binary

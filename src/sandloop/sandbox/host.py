@@ -116,12 +116,14 @@ def probe() -> HostReport:
     return HostReport(feats, version, "unavailable" if missing else "full", missing)
 
 
-def runtime_binds(python: str) -> tuple[tuple[str, ...], dict[str, str]]:
+def runtime_binds(python: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """Host paths bound read-only into every sandbox, and root-level symlinks to replicate.
 
     Only the runtime: /usr (compilers, node, bash, libraries), the few /etc files the dynamic
-    linker and toolchains read, and the Python installation that hosts the zygote. Never /home,
-    /root as a whole, /var, /run or the rest of /etc.
+    linker and toolchains read, and the Python installation ``python`` that hosts the zygote.
+    Never /home, /root as a whole, /var, /run or the rest of /etc. ``python`` None: the
+    zygote runs on an environment's interpreter, mounted at a neutral path instead (the host's
+    interpreter, its prefix and the supervisor's virtualenv are then not bound at all).
     """
     binds: list[str] = ["/usr"]
     symlinks: dict[str, str] = {}
@@ -134,7 +136,7 @@ def runtime_binds(python: str) -> tuple[tuple[str, ...], dict[str, str]]:
                 "/etc/localtime", "/etc/nsswitch.conf", "/etc/ssl/certs"):
         if os.path.exists(etc):
             binds.append(etc)
-    prefixes = _python_prefixes(python)
+    prefixes = _python_prefixes(python) if python is not None else []
     for p in prefixes:
         if not any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):
             binds.append(p)

@@ -42,6 +42,7 @@ runs it.
 
 from __future__ import annotations
 
+import functools
 import os
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -70,6 +71,12 @@ ROOT = "sandloop_zygote"  # stands for sandloop.sandbox in the zygote's sys.modu
 # In a child, server.main() returns once the zygote's frames are gone (program.RunProgram): the
 # program then runs under one frame of the zygote's, this one, whose globals hold only what
 # runs it.
+#
+# Re-executed on an environment's interpreter (ZygoteConfig.exec), the zygote's files are not
+# in its root: argv[2] is then "fd:N", a memfd holding {"config": ..., "modules": {name:
+# source}} (server.reexec), and the modules are compiled from those sources (under the same
+# neutral name). That interpreter runs without -I, so that it reads PYTHONHASHSEED (-s: no user
+# site); the current directory it puts first on sys.path (-c) is removed, as -I would have.
 BOOTSTRAP = (
     "def _zygote():\n"
     "    import sys\n"
@@ -79,6 +86,13 @@ BOOTSTRAP = (
     "        consts = tuple(neutral(c) if isinstance(c, CodeType) else c\n"
     "                       for c in code.co_consts)\n"
     "        return code.replace(co_filename='<sandloop zygote>', co_consts=consts)\n"
+    "    sources = None\n"
+    "    if sys.argv[2].startswith('fd:'):\n"
+    "        import json, os\n"
+    "        fd = int(sys.argv[2][3:])\n"
+    "        sources = json.loads(os.pread(fd, os.fstat(fd).st_size, 0))['modules']\n"
+    "        if sys.path[:1] == ['']:\n"
+    "            del sys.path[0]\n"
     f"    root = {ROOT!r}\n"
     "    sys.modules[root] = ModuleType(root)\n"
     "    sys.modules[root].__package__ = root\n"
@@ -87,9 +101,15 @@ BOOTSTRAP = (
     "        full = root + '.' + name\n"
     "        module = sys.modules[full] = ModuleType(full)\n"
     "        module.__package__ = full if rel is None else full.rpartition('.')[0]\n"
-    "        if rel is not None:\n"
+    "        if rel is None:\n"
+    "            continue\n"
+    "        if sources is None:\n"
     "            loader = SourceFileLoader(full, sys.argv[2] + '/' + rel)\n"
-    "            exec(neutral(loader.get_code(full)), module.__dict__)\n"
+    "            code = neutral(loader.get_code(full))\n"
+    "        else:\n"
+    "            code = compile(sources[name], '<sandloop zygote>', 'exec', dont_inherit=True)\n"
+    "        exec(code, module.__dict__)\n"
+    "    del sources\n"
     "    server = sys.modules[root + '.zygote.server']\n"
     "    run = server.main()\n"
     "    return None if run is None else (sys.modules[root + '.zygote.program'].program_entry, run)\n"
@@ -97,3 +117,15 @@ BOOTSTRAP = (
     "if _zygote is not None:\n"
     "    _zygote[0](_zygote[1])\n"
 )
+
+
+@functools.cache
+def module_sources() -> dict[str, str]:
+    """The zygote modules' sources by name (``MODULES``), for a zygote that re-executes itself
+    on an environment's interpreter, whose root does not hold these files."""
+    out: dict[str, str] = {}
+    for name, rel in MODULES:
+        if rel is not None:
+            with open(os.path.join(PACKAGE_DIR, rel), encoding="utf-8") as f:
+                out[name] = f.read()
+    return out
