@@ -18,6 +18,7 @@ import ctypes
 import errno
 import gc
 import json
+import marshal
 import os
 import select
 import signal
@@ -209,13 +210,18 @@ class Zygote:
         nxt.update(stage=2, tmp_binds=[list(t) for t in self.tmp_binds], exec=None)
         if jail_fd is not None:
             nxt.update(jail=f"{PRIVATE}/proc/self/fd/{jail_fd}", jail_fd=jail_fd)
-        blob = _memfd("sl-zygote", json.dumps({"config": nxt,
-                                               "modules": config["modules"]}).encode())
+        blob = _memfd("sl-zygote", json.dumps({
+            "config": nxt, "tag": sys.implementation.cache_tag}).encode())
+        # The code as a .pyc would hold it (see BOOTSTRAP: used when the tags match).
+        codes = _memfd("sl-zygote-code", marshal.dumps({
+            name: compile(src, "<sandloop zygote>", "exec", dont_inherit=True)
+            for name, src in config["modules"].items()}))
+        sources = _memfd("sl-zygote-src", json.dumps(config["modules"]).encode())
         os.set_inheritable(sock_fd, True)
         exe = config["exec"]
         assert exe is not None
-        os.execve(exe, [exe, "-s", "-c", config["bootstrap"], str(sock_fd), f"fd:{blob}"],
-                  config["exec_env"])
+        os.execve(exe, [exe, "-s", "-c", config["bootstrap"], str(sock_fd),
+                        f"fd:{blob}:{codes}:{sources}"], config["exec_env"])
 
     def _build_root(self) -> None:
         r = self.root
@@ -644,7 +650,7 @@ def main() -> ProgramRun | None:
     # A zygote re-executed on an environment's interpreter finds it in a memfd (reexec).
     config: ZygoteConfig
     if sys.argv[2].startswith("fd:"):
-        fd = int(sys.argv[2][3:])
+        fd = int(sys.argv[2][3:].split(":")[0])
         config = json.loads(os.pread(fd, os.fstat(fd).st_size, 0))["config"]
         os.close(fd)
     else:
