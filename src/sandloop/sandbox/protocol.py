@@ -164,8 +164,8 @@ class ZygoteConfig(TypedDict, total=False):
     to build and enter its root, where the environment's tree is bound (``mounts``), and then
     re-executes itself as ``exec`` (the environment's interpreter, at its path inside the root)
     with the complete environment ``exec_env`` (``PYTHONHASHSEED`` included): nothing of the
-    host's interpreter is left in it. The zygote's own code travels along (``modules``: their
-    sources, by module name), since its files are not in the root. See docs/environments.md.
+    host's interpreter is left in it. The zygote's own code travels along (``modules``, read
+    before the pivot), since its files are not in the root. See docs/environments.md.
     """
 
     python: str  # what `python`/`python3` in TOOLS_DIR point to, inside the root
@@ -182,7 +182,7 @@ class ZygoteConfig(TypedDict, total=False):
     exec: str | None  # the environment's interpreter inside the root (None: stay on this one)
     exec_env: dict[str, str]  # its whole environment
     bootstrap: str  # zygote.BOOTSTRAP, which the re-executed interpreter runs
-    modules: dict[str, str]  # the zygote modules' sources (zygote.MODULES names)
+    modules: list[list[str]]  # the zygote modules and their files (zygote.MODULES)
     # Set by the zygote for its re-executed self (never by the supervisor):
     stage: int  # 2: the root is built and entered; only the lock-down is left
     tmp_binds: list[list[str]]  # (kept copy, path under /tmp): Zygote.tmp_binds

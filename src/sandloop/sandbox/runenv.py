@@ -17,7 +17,7 @@ import posixpath
 from sandloop.envs import BUILTIN_LANGUAGES, EnvInfo, Environment, EnvStore
 from sandloop.errors import EnvError
 from sandloop.sandbox.languages import HOST_PATH, TOOLS_DIR, sandbox_env
-from sandloop.sandbox.zygote import BOOTSTRAP, module_sources
+from sandloop.sandbox.zygote import BOOTSTRAP, MODULES
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def zygote_config(environment: Environment) -> dict[str, object]:
         "exec_env": {**run_env("python", environment), "LD_BIND_NOW": "1",
                      "LD_LIBRARY_PATH": lib},
         "bootstrap": BOOTSTRAP,
-        "modules": module_sources(),
+        "modules": [[name, rel] for name, rel in MODULES if rel is not None],
     }
 
 

@@ -42,7 +42,6 @@ runs it.
 
 from __future__ import annotations
 
-import functools
 import os
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -130,14 +129,3 @@ BOOTSTRAP = (
     "    _zygote[0](_zygote[1])\n"
 )
 
-
-@functools.cache
-def module_sources() -> dict[str, str]:
-    """The zygote modules' sources by name (``MODULES``), for a zygote that re-executes itself
-    on an environment's interpreter, whose root does not hold these files."""
-    out: dict[str, str] = {}
-    for name, rel in MODULES:
-        if rel is not None:
-            with open(os.path.join(PACKAGE_DIR, rel), encoding="utf-8") as f:
-                out[name] = f.read()
-    return out

@@ -200,6 +200,8 @@ class Zygote:
         with the environment's PYTHONHASHSEED. The zygote's code, configuration and C helper
         cross the exec in memfds (their host paths are gone). Returns only on failure."""
         jail_fd = None
+        # Before the pivot, while the package's files are there (the directory is argv[2]).
+        sources, codes = _zygote_code(config["modules"])
         jail = config.get("jail")
         if jail:
             with open(jail, "rb") as f:  # before the pivot: a host path
@@ -212,16 +214,13 @@ class Zygote:
             nxt.update(jail=f"{PRIVATE}/proc/self/fd/{jail_fd}", jail_fd=jail_fd)
         blob = _memfd("sl-zygote", json.dumps({
             "config": nxt, "tag": sys.implementation.cache_tag}).encode())
-        # The code as a .pyc would hold it (see BOOTSTRAP: used when the tags match).
-        codes = _memfd("sl-zygote-code", marshal.dumps({
-            name: compile(src, "<sandloop zygote>", "exec", dont_inherit=True)
-            for name, src in config["modules"].items()}))
-        sources = _memfd("sl-zygote-src", json.dumps(config["modules"]).encode())
+        code_fd = _memfd("sl-zygote-code", codes)
+        source_fd = _memfd("sl-zygote-src", sources)
         os.set_inheritable(sock_fd, True)
         exe = config["exec"]
         assert exe is not None
         os.execve(exe, [exe, "-s", "-c", config["bootstrap"], str(sock_fd),
-                        f"fd:{blob}:{codes}:{sources}"], config["exec_env"])
+                        f"fd:{blob}:{code_fd}:{source_fd}"], config["exec_env"])
 
     def _build_root(self) -> None:
         r = self.root
@@ -625,6 +624,29 @@ def _set_name() -> None:
     """"sl-zygote" in ps/top (children inherit it until they exec)."""
     name = ctypes.create_string_buffer(b"sl-zygote")
     libc.prctl(PR_SET_NAME, ctypes.addressof(name), 0, 0, 0)
+
+
+def _zygote_code(modules: list[list[str]]) -> tuple[bytes, bytes]:
+    """The zygote modules' sources (JSON) and code (marshal), for the re-executed zygote
+    (BOOTSTRAP): the code from the package's cached bytecode, as the first stage loaded it,
+    under the neutral file name. Compiling the sources costs a zygote start ~50 ms."""
+    from importlib.machinery import SourceFileLoader  # the first stage only
+    from types import CodeType
+
+    def neutral(code: CodeType) -> CodeType:
+        consts = tuple(neutral(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename="<sandloop zygote>", co_consts=consts)
+
+    sources: dict[str, str] = {}
+    codes: dict[str, CodeType] = {}
+    for name, rel in modules:
+        path = os.path.join(sys.argv[2], rel)
+        loader = SourceFileLoader(name, path)
+        sources[name] = loader.get_data(path).decode("utf-8")
+        code = loader.get_code(name)
+        assert code is not None
+        codes[name] = neutral(code)
+    return json.dumps(sources).encode(), marshal.dumps(codes)
 
 
 def _memfd(name: str, data: bytes) -> int:
