@@ -153,4 +153,12 @@ async def test_numpy_environment_serves_a_task() -> None:
         lib = f"python{sys.version_info.major}.{sys.version_info.minor}"
         assert r.stdout == f"2.4.6 /opt/env/python/lib/{lib}/site-packages/numpy/__init__.py\n"
         assert r.environment == info.id
+        # A workspace (session) in the environment: its pool holds it, and every operation on
+        # it goes there.
+        ws = await pool.open_workspace(Limits(), environment="py-numpy")
+        await pool.write_files(ws, {"a.py": "import numpy\nprint(numpy.ones(2).sum())\n"})
+        r = await pool.run_in(ws, Program(language="bash", source="python3 a.py > out.txt"))
+        assert r.status is Status.OK and r.environment == info.id, r.stderr
+        assert await pool.read_files(ws, ["out.txt"]) == {"out.txt": b"2.0\n"}
+        await pool.close_workspace(ws)
 

@@ -149,6 +149,7 @@ class Workspace:
     limits: Limits
     closed: bool = False
     generation: int = 0  # the slot's zygote generation it lives in
+    owner: SandboxPool | None = None  # the pool of another environment that holds it
 
 
 class WorkspaceLost(SandboxError, RuntimeError):
@@ -545,7 +546,8 @@ class SandboxPool:
             self._free.release(slot)
 
     # -- workspaces (persistent work dirs for multi-turn sessions) -----------------------------
-    async def open_workspace(self, limits: Limits | None = None) -> Workspace:
+    async def open_workspace(self, limits: Limits | None = None, *,
+                             environment: str | None = None) -> Workspace:
         """A work dir that keeps its files between runs, in the slot with fewest workspaces.
 
         Idle, it costs only its files (a tmpfs in that slot's zygote); runs in it wait for that
@@ -558,6 +560,16 @@ class SandboxPool:
             raise IsolationUnavailable("workspaces need full isolation (isolation='full')")
         if self._unavailable is not None:
             raise IsolationUnavailable(self._unavailable)
+        if environment is not None:
+            # A workspace lives in one zygote, so in one environment: that environment's pool.
+            info = await self._envs.info(environment)
+            assert self.environment is not None
+            if info.id != self.environment.id and (info.environment().python is not None
+                                                   or info.files):
+                owner = await self._pool_of(info.environment())
+                ws = await owner.open_workspace(limits)
+                ws.owner = owner
+                return ws
         limits = limits or Limits()
         limits = limits.model_copy(update={"workdir_mb": workspace_mb(limits)})
         slot = min(self._slots, key=lambda s: len(s.workspaces))
@@ -575,6 +587,8 @@ class SandboxPool:
 
     async def run_in(self, ws: Workspace, program: Program, limits: Limits | None = None) -> ExecResult:
         """Run ``program`` with ``/sandbox`` = the workspace; its files persist afterwards."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.run_in(ws, program, limits)
         limits = (limits or Limits()).model_copy(
             update={"workdir_mb": ws.limits.workdir_mb, "workdir_inodes": ws.limits.workdir_inodes})
         slot = self._slot_of(ws)
@@ -591,6 +605,8 @@ class SandboxPool:
 
         Raises ``ValueError`` for names that can never be written (``check_file_names``) and
         ``WorkspaceWriteError`` when what is in the workspace is in the way."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.write_files(ws, files)
         check_file_names(files)
         for name, data in files.items():
             if isinstance(data, str):
@@ -604,6 +620,8 @@ class SandboxPool:
     async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
                          ) -> dict[str, bytes]:
         """Regular files of the workspace (missing ones, symlinks and specials are left out)."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.read_files(ws, paths, max_bytes)
         lim = _file_op_limits(ws.limits).model_copy(update={"stdout_bytes": max_bytes})
         r = await self._in_workspace(ws, _TOUCH, lim, files={}, collect=tuple(paths))
         if r.status is not Status.OK:
@@ -612,6 +630,8 @@ class SandboxPool:
 
     async def close_workspace(self, ws: Workspace) -> None:
         """Delete the workspace and its files."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.close_workspace(ws)
         if ws.closed:
             return
         ws.closed = True
