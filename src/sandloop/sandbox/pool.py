@@ -316,7 +316,7 @@ class SandboxPool:
         if isinstance(self._env_ref, Environment):
             env = self._env_ref
         else:
-            env = (await self._envs.info(self._env_ref or "python")).environment()
+            env = self._envs.environment(await self._envs.info(self._env_ref or "python"))
         if env.python is None:
             raise EnvNotFound(f"environment {env.name!r} has no Python interpreter, which "
                               "the sandbox's slots run on; add a [python] section to its spec")
@@ -408,8 +408,9 @@ class SandboxPool:
         if program.environment is not None:
             info = await self._envs.info(program.environment)
             if info.id != env_id:
-                if info.environment().python is not None or info.files:
-                    other = await self._pool_of(info.environment())
+                env = self._envs.environment(info)
+                if env.python is not None or info.files:
+                    other = await self._pool_of(env)
                     return await other.run(program, limits, on_end=on_end)
                 env_id = info.id  # no files of its own (c, bash, ...): these slots serve it
         elif spec.name != "python":
@@ -564,9 +565,9 @@ class SandboxPool:
             # A workspace lives in one zygote, so in one environment: that environment's pool.
             info = await self._envs.info(environment)
             assert self.environment is not None
-            if info.id != self.environment.id and (info.environment().python is not None
-                                                   or info.files):
-                owner = await self._pool_of(info.environment())
+            env = self._envs.environment(info)
+            if info.id != self.environment.id and (env.python is not None or info.files):
+                owner = await self._pool_of(env)
                 ws = await owner.open_workspace(limits)
                 ws.owner = owner
                 return ws

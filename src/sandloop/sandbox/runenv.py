@@ -67,6 +67,7 @@ class EnvResolver:
     def __init__(self, store: EnvStore | None = None) -> None:
         self._store = store
         self._infos: dict[str, EnvInfo] = {}
+        self._envs: dict[str, Environment] = {}  # by id
         self._builtin: dict[str, str | None] = {}
 
     @property
@@ -82,6 +83,13 @@ class EnvResolver:
             got = await asyncio.get_running_loop().run_in_executor(None, self.store.ensure, ref)
             self._infos[ref] = got
         return got
+
+    def environment(self, info: EnvInfo) -> Environment:
+        """``info.environment()``, made once per id."""
+        env = self._envs.get(info.id)
+        if env is None:
+            env = self._envs[info.id] = info.environment()
+        return env
 
     async def builtin_id(self, language: str) -> str | None:
         """The id of ``language``'s built-in environment (recorded by its runs), or None when
