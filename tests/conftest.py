@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,6 +16,30 @@ import pytest_asyncio
 from sandloop import SandboxPool
 
 requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root")
+
+
+_ENV_DIR: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Environments the pools build on first use (the built-in ``python``) go to a store in a
+    temporary directory of this session, not /var/lib/sandloop/envs, and it is removed at the
+    end: tests leave nothing of theirs on the host (a build takes 2-6 s here). Subprocesses
+    inherit the variable."""
+    global _ENV_DIR
+    if not os.environ.get("SANDLOOP_ENV_DIR"):
+        _ENV_DIR = tempfile.mkdtemp(prefix="sandloop-test-envs-")
+        os.environ["SANDLOOP_ENV_DIR"] = _ENV_DIR
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _ENV_DIR is not None:
+        def writable(func: Any, path: str, _exc: Any) -> None:  # built trees are read-only
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            func(path)
+
+        shutil.rmtree(_ENV_DIR, onerror=writable)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

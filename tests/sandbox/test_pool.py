@@ -126,12 +126,18 @@ async def test_configured_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     system_python = "/usr/bin/python3"
     if not os.path.exists(system_python):
         pytest.skip("no system python3")
+    # The built-in environment is a copy of the configured interpreter, mounted at /opt/env.
     monkeypatch.setenv("SANDLOOP_PYTHON", system_python)
+    import subprocess
+
+    want = subprocess.run([system_python, "-c", "import sys; print(sys.version)"],
+                          capture_output=True, text=True, check=True).stdout
+    code = "import sys; print(sys.executable); print(sys.version)"
     async with SandboxPool(1) as pool:
-        r = await pool.run(Program(source="import sys; print(sys.executable)"))
-        shell = await pool.run(Program(language="bash", source="python -c 'import os, sys; print(os.path.realpath(sys.executable))'"))
-    assert r.status is Status.OK and r.stdout == f"{system_python}\n"
-    assert shell.stdout == f"{os.path.realpath(system_python)}\n"
+        r = await pool.run(Program(source=code))
+        shell = await pool.run(Program(language="bash", source=f"python -c '{code}'"))
+    assert r.status is Status.OK and r.stdout == f"/opt/env/python/bin/python3\n{want}", r
+    assert shell.stdout.splitlines()[1:] == want.splitlines()
 
 
 async def test_pool_grows_under_demand_and_shrinks_when_idle() -> None:

@@ -15,7 +15,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -119,10 +118,13 @@ def _visible_tree(binds: tuple[str, ...]) -> dict[str, set[str]]:
 
 
 async def test_host_directories_invisible(sandbox: PoolInfo) -> None:
-    binds, symlinks = runtime_binds(sys.executable)
+    # The pool binds the host's runtime without its Python (runtime_binds(None)) and the
+    # environment's tree at /opt/env: no host interpreter prefix, no venv, no checkout.
+    binds, symlinks = runtime_binds(None)
+    binds = (*binds, "/opt/env")
     tree = _visible_tree(binds)
-    # Directories leading to a bound runtime prefix (e.g. a venv under the repo) show only the
-    # path to it; everything else of the host does not exist at all.
+    # Directories leading to a bind show only the path to it; everything else of the host
+    # does not exist at all.
     probe = sorted({*tree, "/root", "/home", "/etc", "/var", "/run", "/mnt", "/opt", "/srv",
                     "/boot", "/var/tmp", "/dev", str(REPO), str(REPO.parent)})
     seen = report(await attack(sandbox.pool, LIST_DIRS, stdin=json.dumps(probe)))
@@ -639,7 +641,8 @@ async def test_environment_secrets_not_inherited(sandbox: PoolInfo,
     assert seen["found"] == []
     assert host_world.secret_env not in seen["environ"]
     assert set(seen["environ"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "USER",
-                                    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING"}
+                                    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+                                    "PYTHONHASHSEED", "TZ"}  # the environment's determinism
     sh = await attack(sandbox.pool, f'env; cat /proc/self/environ; echo "${host_world.secret_env}"',
                       "bash")
     assert sh.status is Status.OK

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from sec_helpers import PoolInfo, attack, limits, report
@@ -18,6 +20,8 @@ from sandloop.sandbox import zygote as zygote_module
 from sandloop.sandbox.models import Program, Status
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 # Walks every frame, the globals and locals of each, every module, __main__, sys.argv and
 # sys.orig_argv, then every object the collector knows of (frozen ones included, after
@@ -106,7 +110,81 @@ def _needles(sandbox: PoolInfo) -> list[str]:
     ]
     if pool.jail.path:  # the C helper (not with SANDLOOP_JAIL=python)
         found += [pool.jail.path, os.path.dirname(pool.jail.path)]  # ~/.cache/sandloop/...
-    return found
+    return found + _host_paths(sandbox)
+
+
+def _host_paths(sandbox: PoolInfo) -> list[str]:
+    """Where the supervisor lives on the host: its checkout, its virtualenv and interpreter,
+    the home directory, the environment store. None may show inside the sandbox."""
+    env = sandbox.pool.environment
+    assert env is not None
+    paths = {str(CHECKOUT), sys.prefix, sys.base_prefix, sys.exec_prefix,
+             os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sys.executable)),
+             str(env.root), str(env.root.parent.parent), os.path.realpath(env.root)}
+    home = os.path.expanduser("~")
+    if home not in ("/", ""):
+        paths.add(home + "/")
+    return sorted(p for p in paths if p not in ("/", ""))
+
+
+# What a program sees of the root: the names in /, every symlink's target (outside /proc and
+# the host's /usr), the mount table, its interpreter's paths and its environment, and the same
+# from a fresh python3 started by a shell.
+VIEW_PROBE = r"""
+import json, os, subprocess, sys
+links, names = {}, []
+for top in sorted(os.listdir("/")):
+    if os.path.islink("/" + top):
+        links["/" + top] = os.readlink("/" + top)
+        continue
+    if top in ("proc", "sys", "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        continue  # the host's /usr (and its merged directories), bound as they are
+    for d, dirs, files in os.walk("/" + top):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            if not p.startswith("/opt/env/"):  # (its 1,400 names would flood stdout)
+                names.append(p)
+            if os.path.islink(p):
+                links[p] = os.readlink(p)
+try:
+    os.listdir("/root")
+    root = "listable"
+except OSError as e:
+    root = type(e).__name__
+shell = subprocess.run(["sh", "-c", "python3 -c 'import json, os, sys; print(json.dumps("
+                        "[sys.path, sys.prefix, sys.base_prefix, sys.executable, dict(os.environ)]))'"],
+                       capture_output=True, text=True)
+print(json.dumps({"ls": sorted(os.listdir("/")), "names": names, "links": links,
+                  "mountinfo": open("/proc/self/mountinfo").read(), "root": root,
+                  "path": sys.path, "prefix": [sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                               sys.executable],
+                  "environ": dict(os.environ), "shell": shell.stdout, "shell_err": shell.stderr}))
+"""
+
+
+async def test_no_host_path_in_the_sandboxs_view(sandbox: PoolInfo) -> None:
+    # Issue 17: the environment is mounted at /opt/env, the supervisor's interpreter and
+    # virtualenv not at all; /root is absent. The mount table names the store only as the
+    # source of the /opt/env mount (its root field: the kernel shows the bind's source path).
+    r = await attack(sandbox.pool, VIEW_PROBE, lim=limits(time_s=20, stdout_bytes=1 << 20))
+    assert r.status is Status.OK, (r.status, r.stderr[-2000:])
+    seen = report(r)
+    assert seen["shell_err"] == "", seen["shell_err"]
+    assert "root" not in seen["ls"] and seen["root"] == "FileNotFoundError"
+    assert seen["prefix"] == ["/opt/env/python"] * 3 + ["/opt/env/python/bin/python3"]
+    assert all(p.startswith("/opt/env/python/") or p == "/sandbox" for p in seen["path"]), seen
+    assert json.loads(seen["shell"])[1] == "/opt/env/python"
+    env = sandbox.pool.environment
+    assert env is not None
+    mounts = [line for line in seen["mountinfo"].splitlines()
+              if line.split()[4] != "/opt/env"]
+    assert any(line.split()[4] == "/opt/env" and line.split()[3] == str(env.root)
+               for line in seen["mountinfo"].splitlines()), seen["mountinfo"]
+    view = json.dumps({k: v for k, v in seen.items() if k != "mountinfo"})
+    for needle in _host_paths(sandbox):
+        assert needle not in view, needle
+        assert all(needle not in line for line in mounts), (needle, seen["mountinfo"])
+    assert "/root" not in view and all("/root" not in line for line in mounts)
 
 
 async def test_no_zygote_state_reachable_from_a_python_program(sandbox: PoolInfo) -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from sandloop.cli.exits import ExitCode, print_error
 from sandloop.envs import (
-    BUILTIN_LANGUAGES,
+    BUILTIN_ENVIRONMENTS,
     EnvInfo,
     EnvStore,
     builtin_spec,
@@ -74,7 +74,7 @@ def _summary(info: EnvInfo) -> str:
 @app.command()
 def build(
     spec: Annotated[str, typer.Argument(
-        help="Spec file (.toml, .yaml), or a built-in name: " + ", ".join(BUILTIN_LANGUAGES))],
+        help="Spec file (.toml, .yaml), or a built-in name: " + ", ".join(BUILTIN_ENVIRONMENTS))],
     store: Store = None,
     as_json: AsJson = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show each build step.")]
@@ -82,7 +82,7 @@ def build(
 ) -> None:
     """Build an environment once into a read-only tree named by its content hash."""
     s = _store(store)
-    builtin = spec in BUILTIN_LANGUAGES and not Path(spec).exists()
+    builtin = spec in BUILTIN_ENVIRONMENTS and not Path(spec).exists()
     t0 = time.monotonic()
     try:
         env_spec = builtin_spec(spec) if builtin else load_spec(spec)

@@ -66,7 +66,9 @@ class Backend(Protocol):
         late or never (the engine releases everything when the result comes)."""
         ...
 
-    async def open_workspace(self, limits: Limits) -> Any: ...
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
+        """A work dir whose files persist, in ``environment`` (None: the default one)."""
+        ...
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult: ...
 
@@ -126,8 +128,8 @@ class LocalBackend:
                       on_end: Callable[[], None] | None = None) -> ExecResult:
         return await self.pool.run(program, limits, on_end=on_end)
 
-    async def open_workspace(self, limits: Limits) -> Any:
-        return await self.pool.open_workspace(limits)
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
+        return await self.pool.open_workspace(limits, environment=environment)
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         return await self.pool.run_in(workspace, program, limits)

@@ -77,7 +77,8 @@ class NodeClient(Protocol):
 
     async def execute(self, program: Program, limits: Limits) -> ExecResult: ...
 
-    async def open_workspace(self, limits: Limits) -> Any: ...
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None
+                             ) -> Any: ...
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult: ...
 
@@ -319,14 +320,15 @@ class ClusterBackend:
             node.failures += 1
         return result
 
-    async def open_workspace(self, limits: Limits) -> ClusterWorkspace:
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None
+                             ) -> ClusterWorkspace:
         # A session holds storage, not a slot: the node with the most free memory holds it.
         live = [n for n in self._nodes.values() if not n.lost]
         if not live:
             raise WorkspaceLost("no node of the cluster is ready to hold a session")
         node = max(live, key=lambda n: (n.free_memory_mb, n.free_slots))
         try:
-            handle = await node.client.open_workspace(limits)
+            handle = await node.client.open_workspace(limits, environment=environment)
         except NodeLost as e:
             self._lose(node, str(e))
             raise WorkspaceLost(f"node {node.info.node_id[:12]} was lost: {e}") from e

@@ -784,13 +784,14 @@ class Engine:
     async def open_session(self, *, language: str = "python", limits: Limits | None = None,
                            ttl_s: float | None = None, idle_timeout_s: float | None = None,
                            priority: int | str = "interactive", client: str = "default",
-                           ) -> Session:
+                           environment: str | None = None) -> Session:
         """Open a multi-turn session: a work dir whose files persist between runs.
 
         Idle, it costs only its files: at most ``limits.workdir_mb`` capped at
         ``limits.memory_mb``. It is reaped (files deleted) after ``idle_timeout_s`` without use
         or ``ttl_s`` after opening; close it yourself when done. Raises SessionLimit beyond
-        ``max_sessions`` sessions or ``session_memory_mb`` of their storage.
+        ``max_sessions`` sessions or ``session_memory_mb`` of their storage. Its programs run
+        in ``environment`` (a name or id; None: the backend's default).
         """
         self._check_open()
         if len(self._sessions) + self._opening >= self.max_sessions:
@@ -808,7 +809,7 @@ class Engine:
         self._session_mb += size
         self._opening += 1
         try:
-            ws = await self.backend.open_workspace(limits)
+            ws = await self.backend.open_workspace(limits, environment=environment)
         except WorkspaceLost as e:
             self._session_mb -= size
             raise SessionLost(f"cannot open a session: {e}") from e
@@ -838,11 +839,11 @@ class Engine:
     async def session(self, *, language: str = "python", limits: Limits | None = None,
                       ttl_s: float | None = None, idle_timeout_s: float | None = None,
                       priority: int | str = "interactive", client: str = "default",
-                      ) -> AsyncIterator[Session]:
+                      environment: str | None = None) -> AsyncIterator[Session]:
         """``async with engine.session(...) as s:`` — ``open_session`` closed on exit."""
         s = await self.open_session(language=language, limits=limits, ttl_s=ttl_s,
                                     idle_timeout_s=idle_timeout_s, priority=priority,
-                                    client=client)
+                                    client=client, environment=environment)
         try:
             yield s
         finally:

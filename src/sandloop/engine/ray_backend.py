@@ -247,8 +247,8 @@ class NodePoolActor:
         return await self._counted(
             limits, lambda ended: self.pool.run(program, limits, on_end=ended))
 
-    async def open_workspace(self, limits: Limits) -> str:
-        ws = await self.pool.open_workspace(limits)
+    async def open_workspace(self, limits: Limits, environment: str | None = None) -> str:
+        ws = await self.pool.open_workspace(limits, environment=environment)
         wid = secrets.token_hex(8)
         self.workspaces[wid] = ws
         return wid
@@ -359,8 +359,8 @@ class _RayNodeClient:
         result: ExecResult = await self._call("execute", program, limits, shipped)
         return result
 
-    async def open_workspace(self, limits: Limits) -> Any:
-        return await self._call("open_workspace", limits)
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
+        return await self._call("open_workspace", limits, environment)
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         program, shipped = self._shipper.split(program)

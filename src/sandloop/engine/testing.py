@@ -107,7 +107,8 @@ class ScriptedBackend:
             on_end()
         return result
 
-    async def open_workspace(self, limits: Limits) -> ScriptedWorkspace:
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None
+                             ) -> ScriptedWorkspace:
         ws = ScriptedWorkspace(limits)
         self.workspaces.append(ws)
         return ws
@@ -179,8 +180,10 @@ class _ScriptedNodeClient:
     async def execute(self, program: Program, limits: Limits) -> ExecResult:
         return await self._guard(self._node.backend.execute(program, limits))
 
-    async def open_workspace(self, limits: Limits) -> ScriptedWorkspace:
-        return await self._guard(self._node.backend.open_workspace(limits))
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None
+                             ) -> ScriptedWorkspace:
+        return await self._guard(self._node.backend.open_workspace(limits,
+                                                                   environment=environment))
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         return await self._guard(self._node.backend.run_in(workspace, program, limits))

@@ -7,6 +7,7 @@ mounts an :class:`Environment` (environment.py) at /opt/env; docs/environments.m
 from sandloop.envs.environment import MOUNT_POINT, Environment, Mount
 from sandloop.envs.errors import EnvBuildError, EnvNotFound, SpecError
 from sandloop.envs.spec import (
+    BUILTIN_ENVIRONMENTS,
     BUILTIN_LANGUAGES,
     Determinism,
     EnvSpec,
@@ -19,6 +20,7 @@ from sandloop.envs.spec import (
 from sandloop.envs.store import EnvInfo, EnvStore, VerifyReport, default_dir
 
 __all__ = [
+    "BUILTIN_ENVIRONMENTS",
     "BUILTIN_LANGUAGES",
     "MOUNT_POINT",
     "Determinism",

@@ -296,6 +296,11 @@ def load_spec(path: str | Path) -> EnvSpec:
 
 
 BUILTIN_LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+# Built-ins beyond the languages': python-pytest is the interpreter with pytest, which grading
+# a repository task (episodes) imports in the sandbox. Its pins are pytest's dependencies, exact.
+PYTEST_PINS = ("pytest==9.2.0", "iniconfig==2.3.1", "packaging==26.4", "pluggy==1.7.0",
+               "pygments==2.21.0")
+BUILTIN_ENVIRONMENTS = (*BUILTIN_LANGUAGES, "python-pytest")
 
 
 def builtin_spec(name: str) -> EnvSpec:
@@ -305,11 +310,15 @@ def builtin_spec(name: str) -> EnvSpec:
     if name == "python":
         return EnvSpec(name="python", description="the host interpreter and its standard "
                        "library, nothing else", python=PythonSpec())
+    if name == "python-pytest":
+        return EnvSpec(name=name, description="the host interpreter, its standard library and "
+                       "pytest (repository tasks' grading)",
+                       python=PythonSpec(packages=tuple(Pin.parse(p) for p in PYTEST_PINS)))
     system = {"c": ("gcc", "libc6-dev"), "cpp": ("g++", "libstdc++6"), "javascript": ("nodejs",),
               "bash": ("bash", "coreutils")}
     if name not in system:
         raise SpecError(f"no built-in environment {name!r}; built-ins: "
-                        f"{', '.join(BUILTIN_LANGUAGES)}")
+                        f"{', '.join(BUILTIN_ENVIRONMENTS)}")
     return EnvSpec(name=name, description=f"the host's {name} toolchain",
                    system=SystemSpec(packages=system[name]))
 

@@ -32,10 +32,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandloop.envs import manifest
-from sandloop.envs.build import build_tree
+from sandloop.envs.build import build_tree, default_interpreter
 from sandloop.envs.environment import MOUNT_POINT, NODE_DIR, PYTHON_DIR, Environment
 from sandloop.envs.errors import EnvBuildError, EnvNotFound
-from sandloop.envs.spec import BUILTIN_LANGUAGES, Determinism, EnvSpec, builtin_spec
+from sandloop.envs.spec import BUILTIN_ENVIRONMENTS, Determinism, EnvSpec, builtin_spec
 
 DEFAULT_DIR = "/var/lib/sandloop/envs"
 FORMAT = 1
@@ -176,7 +176,7 @@ class EnvStore:
         info = self._read_info(self.root / ids[0]) if ids else None
         if info is None:
             hint = (" (built-in: `sandloop env build --builtin " + ref + "`)"
-                    if ref in BUILTIN_LANGUAGES else "")
+                    if ref in BUILTIN_ENVIRONMENTS else "")
             raise EnvNotFound(f"no environment {ref!r} in {self.root}; `sandloop env ls` "
                               f"lists them, `sandloop env build SPEC` makes one{hint}")
         return info
@@ -266,7 +266,7 @@ class EnvStore:
     def ensure(self, name: str, *, log: Callable[[str], None] | None = None) -> EnvInfo:
         """The named environment; a built-in one (``python``, ``c``, ...) is built from the host
         on first use, and rebuilt when the host interpreter it copied changed."""
-        if name not in BUILTIN_LANGUAGES:
+        if name not in BUILTIN_ENVIRONMENTS:
             return self.get(name)
         with contextlib.suppress(EnvNotFound):
             info = self.get(name)
@@ -284,6 +284,10 @@ def _source_unchanged(source: dict[str, Any]) -> bool:
     exe = source.get("interpreter")
     if not exe:
         return True
+    # The built-in copies the configured interpreter ($SANDLOOP_PYTHON, else sandloop's own):
+    # another one configured now is another environment.
+    if os.path.realpath(default_interpreter()) != os.path.realpath(exe):
+        return False
     try:
         st = os.stat(exe)
     except OSError:

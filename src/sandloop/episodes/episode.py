@@ -146,7 +146,8 @@ class Episode:
         snap = await self.snapshots.get(self.task)
         t0 = time.perf_counter()
         s = await self.engine.open_session(limits=self._limits, priority=self.config.priority,
-                                           client=self.config.client)
+                                           client=self.config.client,
+                                           environment=self.task.runtime_environment)
         try:
             await s.write_files(snap)
         except BaseException:

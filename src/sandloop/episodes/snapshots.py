@@ -76,7 +76,8 @@ class Snapshots:
         if task.setup is None:
             return {p: c.encode() for p, c in task.files.items()}
         limits = session_limits(task)
-        async with self.engine.session(limits=limits) as s:
+        async with self.engine.session(limits=limits,
+                                       environment=task.runtime_environment) as s:
             await s.write_files(task.files)
             self.setups_run += 1  # counted when it starts: a failed set-up ran too
             r = await s.run(task.setup, limits=limits.model_copy(

@@ -142,6 +142,8 @@ class CompletionResult(BaseModel):
     public: PassCount
     hidden: PassCount
     timings: dict[str, float] = Field(default_factory=dict)
+    environment: str | None = Field(
+        None, description="id of the environment the completion's programs ran in")
     assembled: str | None = Field(None, description="how the program was built from the completion")
     format_error: str | None = None
 
@@ -233,6 +235,7 @@ class Verifier:
         cmp = self.comparison or task.comparison
         asm = assemble(task, completion)
         timings: dict[str, float] = {}
+        env_id: str | None = None
         if asm.format_error is not None:
             outcomes = [
                 TestOutcome(name=t.name, verdict=Verdict.COMPILE_ERROR, hidden=task.is_hidden(t.name),
@@ -241,10 +244,11 @@ class Verifier:
             ]
         else:
             if task.language == "python":
-                judged, timings = await self._verify_harness(task, asm.source, cmp)
+                judged, timings, env_id = await self._verify_harness(task, asm.source, cmp)
                 checked: dict[str, ExecResult] = {}
             else:
-                judged, timings, checked = await self._verify_per_test(task, asm.source, cmp)
+                judged, timings, checked, env_id = await self._verify_per_test(
+                    task, asm.source, cmp)
             outcomes = await self._apply_checker(task, judged, checked)
         reward, reason = shape_reward(
             outcomes, self.reward, format_error=asm.format_error is not None
@@ -265,6 +269,7 @@ class Verifier:
             public=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in pub), total=len(pub)),
             hidden=PassCount(passed=sum(o.verdict is Verdict.PASSED for o in hid), total=len(hid)),
             timings=timings,
+            environment=env_id,
             assembled=asm.how,
             format_error=asm.format_error,
         )
@@ -310,19 +315,20 @@ class Verifier:
 
     async def _verify_harness(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float]]:
+    ) -> tuple[list[_Judged], dict[str, float], str | None]:
         plan, limits = self._plan(task)
         program = Program(
             language="python",
             source=_STUB,
             stdin=json.dumps(plan, separators=(",", ":")),
             files={"solution.py": source, **_FILES},
+            environment=task.environment,
         )
         r = await self.run(program, limits)
         records = parse_channel(r.channel)
         outcomes = [self._judge(task, t, records.get(t.name), r, cmp) for t in task.tests]
         timings = {"sandbox_wall_s": round(r.wall_time_s, 6), "sandbox_cpu_s": round(r.cpu_time_s, 6)}
-        return outcomes, timings
+        return outcomes, timings, r.environment
 
     def _judge(
         self, task: Task, test: CallTest | IOTest | ScriptTest, rec: dict[str, Any] | None,
@@ -370,11 +376,11 @@ class Verifier:
 
     async def _verify_per_test(
         self, task: Task, source: str, cmp: Comparison
-    ) -> tuple[list[_Judged], dict[str, float], dict[str, ExecResult]]:
+    ) -> tuple[list[_Judged], dict[str, float], dict[str, ExecResult], str | None]:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
-        graph = self._test_graph(task.language, source, tests, limits)
+        graph = self._test_graph(task.language, source, tests, limits, task.environment)
         if task.checker is not None:
             # compile -> test i -> checker i: the checker gets the test's output as a file,
             # and runs only when the test ran ok.
@@ -389,7 +395,7 @@ class Verifier:
             # Nothing ran: every test fails as the compile step did.
             failed = self._compile_failure(compiled, limits)
             return self._all_failed(task, tests, failed), {
-                "sandbox_wall_s": round(failed.wall_time_s, 6)}, {}
+                "sandbox_wall_s": round(failed.wall_time_s, 6)}, {}, failed.environment
         checked = {t.name: r for i, t in enumerate(tests)
                    if (r := done.nodes.get(_check_node(i), _NOT_RUN).result) is not None}
         runs: list[ExecResult] = []
@@ -419,7 +425,8 @@ class Verifier:
         wall = sum(r.wall_time_s for r in runs)
         if compiled is not None and compiled.result is not None:
             wall += compiled.result.wall_time_s
-        return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked
+        env_id = next((r.environment for r in runs if r.environment), None)
+        return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked, env_id
 
     async def graph(self, graph: Graph) -> GraphResult:
         """Run a job graph: through the graph runner given (the engine's, which admits and
@@ -430,7 +437,7 @@ class Verifier:
 
     @staticmethod
     def _test_graph(language: str, source: str, tests: Sequence[IOTest],
-                    limits: Limits) -> Graph:
+                    limits: Limits, environment: str | None = None) -> Graph:
         """``compile -> [test 1..n]`` for a compiled language (compile once, then each test in
         its own fresh sandbox on a copy of the same artifact: a test cannot touch another's
         output, and the compiler runs once, not once per test); ``[test 1..n]`` otherwise.
@@ -441,7 +448,8 @@ class Verifier:
         if spec.compile is None:
             return Graph(nodes=tuple(
                 Node(id=_test_node(i), program=Program(language=language, source=source,
-                                                       stdin=t.stdin), limits=limits)
+                                                       stdin=t.stdin, environment=environment),
+                     limits=limits)
                 for i, t in enumerate(tests)))
         compile_limits = Limits(
             time_s=limits.compile_time_limit_s, memory_mb=limits.compile_memory_limit_mb,
@@ -453,12 +461,13 @@ class Verifier:
             id=_COMPILE_NODE, limits=compile_limits,
             program=Program(language="bash", source=spec.compile_script(),
                             files={spec.main_file: source, **spec.compile_files},
-                            collect=[spec.binary]))
+                            collect=[spec.binary], environment=environment))
         artifact = (Input(node=_COMPILE_NODE, file=spec.binary),)
         run_script = spec.run_script()
         return Graph(nodes=(compile_node, *(
             Node(id=_test_node(i), inputs=artifact, limits=limits,
-                 program=Program(language="bash", source=run_script, stdin=t.stdin))
+                 program=Program(language="bash", source=run_script, stdin=t.stdin,
+                                 environment=environment))
             for i, t in enumerate(tests))))
 
     @staticmethod

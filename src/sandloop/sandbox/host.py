@@ -116,12 +116,14 @@ def probe() -> HostReport:
     return HostReport(feats, version, "unavailable" if missing else "full", missing)
 
 
-def runtime_binds(python: str) -> tuple[tuple[str, ...], dict[str, str]]:
+def runtime_binds(python: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """Host paths bound read-only into every sandbox, and root-level symlinks to replicate.
 
     Only the runtime: /usr (compilers, node, bash, libraries), the few /etc files the dynamic
-    linker and toolchains read, and the Python installation that hosts the zygote. Never /home,
-    /root as a whole, /var, /run or the rest of /etc.
+    linker and toolchains read, and the Python installation ``python`` that hosts the zygote.
+    Never /home, /root as a whole, /var, /run or the rest of /etc. ``python`` None: the
+    zygote runs on an environment's interpreter, mounted at a neutral path instead (the host's
+    interpreter, its prefix and the supervisor's virtualenv are then not bound at all).
     """
     binds: list[str] = ["/usr"]
     symlinks: dict[str, str] = {}
@@ -137,7 +139,7 @@ def runtime_binds(python: str) -> tuple[tuple[str, ...], dict[str, str]]:
     # Debian's JDK keeps its configuration (jvm.cfg, java.security) in /etc/java-<version>,
     # linked from /usr/lib/jvm: without it no JVM starts. Configuration only, no secrets.
     binds.extend(sorted(str(p) for p in Path("/etc").glob("java-*") if p.is_dir()))
-    prefixes = _python_prefixes(python)
+    prefixes = _python_prefixes(python) if python is not None else []
     for p in prefixes:
         if not any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):
             binds.append(p)

@@ -6,6 +6,7 @@ Their JSON forms are part of the public contract (DESIGN.md): fields may be adde
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any
@@ -30,6 +31,8 @@ class ProgramInputError(SandboxError, InputError):
 
 
 LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust", "typescript")
+# An environment's name (envs.spec.NAME_RE) or its id, or a unique prefix of it (hex).
+ENVIRONMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _LANGUAGE_ALIASES = {
     "python3": "python",
     "py": "python",
@@ -201,6 +204,10 @@ class Program(BaseModel):
         default_factory=list,
         description="work-dir files to read back after the run (regular files only)",
     )
+    environment: str | None = Field(
+        None, description="the environment to run in: a name or id (`sandloop env ls`); "
+                          "default the language's built-in (python: the host interpreter and "
+                          "its standard library)")
 
     # Everything below is checked here, before anything runs, so that a request the sandbox
     # could not lay out is an input error naming the field (HTTP 422, an exec-batch line
@@ -254,6 +261,14 @@ class Program(BaseModel):
     def _collect(cls, v: list[str]) -> list[str]:
         for name in v:
             check_relative_path(name)
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, v: str | None) -> str | None:
+        if v is not None and not ENVIRONMENT_RE.fullmatch(v):
+            raise ProgramInputError(f"environment {v!r} is not an environment name or id "
+                                    "(lowercase letters, digits, . _ -; `sandloop env ls`)")
         return v
 
 
@@ -339,6 +354,9 @@ class ExecResult(BaseModel):
     compile: ExecResult | None = None
     error: str | None = Field(None, description="why the infrastructure failed (sandbox_error)")
     isolation: Isolation | None = Field(None, description="isolation level the run used")
+    environment: str | None = Field(
+        None, description="id of the environment the run used (docs/environments.md); None "
+                          "when it used none (isolation 'none', or it never started)")
     files: dict[str, bytes] = Field(
         default_factory=dict, description="collected work-dir files (base64 in JSON)"
     )

@@ -19,7 +19,8 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: Isolation) -> ExecResult:
+def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: Isolation,
+             environment: str | None = None) -> ExecResult:
     exit_code: int | None = None
     sig: int | None = None
     if o.wait_status is not None:
@@ -88,6 +89,7 @@ def classify(o: StepOutcome, *, cpu_limit_s: float, isolation: Isolation) -> Exe
         peak_memory_mb=round(peak, 3),
         error=error,
         isolation=isolation,
+        environment=environment,
         files=o.files,
         missing_files=o.missing_files,
         channel=o.channel or None,

@@ -17,10 +17,11 @@ from pathlib import Path
 from types import TracebackType
 
 from sandloop import _aio as aio
-from sandloop.errors import SandboxError
+from sandloop.envs import Environment, EnvNotFound, EnvStore
+from sandloop.errors import EnvError, SandboxError
 from sandloop.sandbox import cgroups, host
 from sandloop.sandbox.jailbuild import JailBuild, find_jail
-from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, sandbox_env, spec_for
+from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, spec_for
 from sandloop.sandbox.models import (
     ExecResult,
     Limits,
@@ -32,6 +33,7 @@ from sandloop.sandbox.models import (
 )
 from sandloop.sandbox.outcome import classify
 from sandloop.sandbox.protocol import Isolation
+from sandloop.sandbox.runenv import EnvResolver, run_env
 from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
 from sandloop.sandbox.slot import (
@@ -149,6 +151,7 @@ class Workspace:
     limits: Limits
     closed: bool = False
     generation: int = 0  # the slot's zygote generation it lives in
+    owner: SandboxPool | None = None  # the pool of another environment that holds it
 
 
 class WorkspaceLost(SandboxError, RuntimeError):
@@ -198,6 +201,14 @@ class SandboxPool:
     ``"full"``, a host that lacks a required feature makes every run a ``sandbox_error`` that
     names what is missing. ``preload`` names the modules each slot's interpreter imports once
     (default ``DEFAULT_PRELOAD``); add e.g. ``"unittest"`` when most programs import it.
+
+    ``environment`` (a name, an id, or an ``Environment``; default the built-in ``python``,
+    built from the host on first use) is what the slots mount at /opt/env and run their
+    zygotes on; ``env_store`` is where names are looked up (default ``$SANDLOOP_ENV_DIR``). A
+    program naming another environment (``Program.environment``) runs in a pool of that
+    environment's own, started on first use. ``python`` is the interpreter that starts each
+    zygote before it re-executes itself on the environment's, and that runs Python programs
+    with ``isolation="none"`` (which mounts no environment).
     """
 
     def __init__(
@@ -212,6 +223,8 @@ class SandboxPool:
         idle_shrink_s: float = 30.0,
         max_zygote_rss_mb: int = 256,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        environment: str | Environment | None = None,
+        env_store: EnvStore | None = None,
     ) -> None:
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(f"isolation must be one of {ISOLATION_LEVELS}, got {isolation!r}")
@@ -224,6 +237,13 @@ class SandboxPool:
         self.idle_shrink_s = idle_shrink_s
         self.max_zygote_rss_mb = max_zygote_rss_mb
         self.preload = tuple(preload)
+        self._preload_arg = self.preload  # without the environment's (sub-pools add their own)
+        self._env_ref = environment
+        self._envs = EnvResolver(env_store)
+        self.environment: Environment | None = None  # resolved at start (full isolation)
+        self._env_pools: dict[str, SandboxPool] = {}  # other environments' pools, by id
+        self._env_lock: asyncio.Lock | None = None
+        self._run_envs: dict[str, dict[str, str]] = {}  # language -> a run's variables
         self._growing = 0
         self._shrinker: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[None]] = set()  # slots being added
@@ -258,17 +278,28 @@ class SandboxPool:
         if not self.report.full:
             self._unavailable = self.report.problem()
             return
+        try:
+            self.environment = await self._own_environment()
+        except EnvError as e:
+            if self._env_ref is not None:
+                raise  # the caller named it: their error to fix
+            # The built-in could not be built: the infrastructure's failure, for every run.
+            self._unavailable = f"cannot prepare the default Python environment: {e}"
+            return
+        self.preload = (*self.preload, *(m for m in self.environment.preload
+                                         if m not in self.preload))
         backend = cgroups.detect()
         cgroups.sweep_leftovers(backend, alive=set())
         base = host.run_base_dir()
         _sweep_stale_dirs(base)
         self._uid_lock, self.uid_base = _claim_uid_range(base, self.uid_base, self.max_size)
-        binds, symlinks = host.runtime_binds(self.python)
+        # Not the host's interpreter: the environment's, at /opt/env (SlotConfig.environment).
+        binds, symlinks = host.runtime_binds(None)
         self.jail = await asyncio.get_running_loop().run_in_executor(None, find_jail)
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
-            jail=self.jail.path,
+            jail=self.jail.path, environment=self.environment,
         )
         self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config,
                             self._releaser)
@@ -281,6 +312,17 @@ class SandboxPool:
         self._free = _SlotHandout(self._slots)
         if self.max_size > self.size:
             self._shrinker = asyncio.create_task(self._shrink_idle())
+
+    async def _own_environment(self) -> Environment:
+        """The environment this pool's slots run in (EnvError when it cannot be had)."""
+        if isinstance(self._env_ref, Environment):
+            env = self._env_ref
+        else:
+            env = self._envs.environment(await self._envs.info(self._env_ref or "python"))
+        if env.python is None:
+            raise EnvNotFound(f"environment {env.name!r} has no Python interpreter, which "
+                              "the sandbox's slots run on; add a [python] section to its spec")
+        return env
 
     async def _start_unisolated(self) -> None:
         """Never root, even unisolated: as root, claim a uid range as full isolation does and
@@ -300,6 +342,8 @@ class SandboxPool:
             None, unisolated_identity, self.python, self.uid_base)
 
     async def close(self) -> None:
+        pools, self._env_pools = list(self._env_pools.values()), {}
+        await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
         if self._shrinker is not None:
             self._shrinker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -359,13 +403,53 @@ class SandboxPool:
                     self._unisolated_uids.put_nowait(uid)
         if self._unavailable is not None:
             return ExecResult.sandbox_error(self._unavailable, isolation="unavailable")
+        # The environment the run is recorded in: the pool's for Python programs, the
+        # language's built-in (its toolchain is the host's /usr) for the others.
+        assert self.environment is not None
+        env_id: str | None = self.environment.id
+        if program.environment is not None:
+            info = await self._envs.info(program.environment)
+            if info.id != env_id:
+                env = self._envs.environment(info)
+                if env.python is not None or info.files:
+                    other = await self._pool_of(env)
+                    return await other.run(program, limits, on_end=on_end)
+                env_id = info.id  # no files of its own (c, bash, ...): these slots serve it
+        elif spec.name != "python":
+            env_id = await self._envs.builtin_id(spec.name)
         # A broken zygote is the infrastructure's fault, never the program's verdict: it is a
         # sandbox_error, which the engine (the one owner of retries, engine/retry.py) runs again
         # on another slot. The pool itself does not retry.
         try:
-            return await self._run_isolated(program, limits, on_end)
+            return await self._run_isolated(program, limits, on_end, env_id)
         except SlotBroken as e:
             return ExecResult.sandbox_error(f"sandbox slot failed: {e}", isolation="full")
+
+    async def _pool_of(self, env: Environment) -> SandboxPool:
+        """The pool of another environment: started on first use, closed with this one."""
+        pool = self._env_pools.get(env.id)
+        if pool is not None:
+            return pool
+        if self._env_lock is None:
+            self._env_lock = asyncio.Lock()
+        async with self._env_lock:
+            pool = self._env_pools.get(env.id)
+            if pool is None:
+                pool = SandboxPool(
+                    self.size, isolation=self.isolation, python=self.python,
+                    uid_base=DEFAULT_UID_BASE, max_runs_per_slot=self.max_runs_per_slot,
+                    max_slots=self.max_size, idle_shrink_s=self.idle_shrink_s,
+                    max_zygote_rss_mb=self.max_zygote_rss_mb, preload=self._preload_arg,
+                    environment=env, env_store=self._envs.store)
+                await pool.start()
+                self._env_pools[env.id] = pool
+        return pool
+
+    def _run_env(self, language: str) -> dict[str, str]:
+        env = self._run_envs.get(language)
+        if env is None:
+            env = self._run_envs[language] = run_env(language, self.environment)
+        return env
 
     async def run_batch(
         self, programs: Sequence[Program], limits: Limits | Sequence[Limits] | None = None
@@ -447,14 +531,14 @@ class SandboxPool:
         return len(self._slots)
 
     async def _run_isolated(self, program: Program, limits: Limits,
-                            on_end: Callable[[], None] | None) -> ExecResult:
+                            on_end: Callable[[], None] | None, env_id: str | None) -> ExecResult:
         """Run on a free slot; raises SlotBroken when the slot failed (the caller retries)."""
         slot = await self._acquire()
         assert self._free is not None
         try:
             if slot.broken:
                 raise SlotBroken("sandbox slot could not be restarted")
-            result = await self._run_on(slot, program, limits, on_end=on_end)
+            result = await self._run_on(slot, program, limits, on_end=on_end, env_id=env_id)
             if slot.broken and result.status is Status.SANDBOX_ERROR:
                 raise SlotBroken(result.error or "slot broke during the run")
             return result
@@ -465,7 +549,8 @@ class SandboxPool:
             self._free.release(slot)
 
     # -- workspaces (persistent work dirs for multi-turn sessions) -----------------------------
-    async def open_workspace(self, limits: Limits | None = None) -> Workspace:
+    async def open_workspace(self, limits: Limits | None = None, *,
+                             environment: str | None = None) -> Workspace:
         """A work dir that keeps its files between runs, in the slot with fewest workspaces.
 
         Idle, it costs only its files (a tmpfs in that slot's zygote); runs in it wait for that
@@ -478,6 +563,16 @@ class SandboxPool:
             raise IsolationUnavailable("workspaces need full isolation (isolation='full')")
         if self._unavailable is not None:
             raise IsolationUnavailable(self._unavailable)
+        if environment is not None:
+            # A workspace lives in one zygote, so in one environment: that environment's pool.
+            info = await self._envs.info(environment)
+            assert self.environment is not None
+            env = self._envs.environment(info)
+            if info.id != self.environment.id and (env.python is not None or info.files):
+                owner = await self._pool_of(env)
+                ws = await owner.open_workspace(limits)
+                ws.owner = owner
+                return ws
         limits = limits or Limits()
         limits = limits.model_copy(update={"workdir_mb": workspace_mb(limits)})
         slot = min(self._slots, key=lambda s: len(s.workspaces))
@@ -495,13 +590,16 @@ class SandboxPool:
 
     async def run_in(self, ws: Workspace, program: Program, limits: Limits | None = None) -> ExecResult:
         """Run ``program`` with ``/sandbox`` = the workspace; its files persist afterwards."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.run_in(ws, program, limits)
         limits = (limits or Limits()).model_copy(
             update={"workdir_mb": ws.limits.workdir_mb, "workdir_inodes": ws.limits.workdir_inodes})
         slot = self._slot_of(ws)
         acquired = await self._acquire(slot)
         try:
             self._check_alive(ws, acquired)
-            return await self._run_on(acquired, program, limits, work=ws.id)
+            env_id = self.environment.id if self.environment is not None else None
+            return await self._run_on(acquired, program, limits, work=ws.id, env_id=env_id)
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
 
@@ -510,6 +608,8 @@ class SandboxPool:
 
         Raises ``ValueError`` for names that can never be written (``check_file_names``) and
         ``WorkspaceWriteError`` when what is in the workspace is in the way."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.write_files(ws, files)
         check_file_names(files)
         for name, data in files.items():
             if isinstance(data, str):
@@ -523,6 +623,8 @@ class SandboxPool:
     async def read_files(self, ws: Workspace, paths: Sequence[str], max_bytes: int = 16 << 20,
                          ) -> dict[str, bytes]:
         """Regular files of the workspace (missing ones, symlinks and specials are left out)."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.read_files(ws, paths, max_bytes)
         lim = _file_op_limits(ws.limits).model_copy(update={"stdout_bytes": max_bytes})
         r = await self._in_workspace(ws, _TOUCH, lim, files={}, collect=tuple(paths))
         if r.status is not Status.OK:
@@ -531,6 +633,8 @@ class SandboxPool:
 
     async def close_workspace(self, ws: Workspace) -> None:
         """Delete the workspace and its files."""
+        if ws.owner is not None and ws.owner is not self:
+            return await ws.owner.close_workspace(ws)
         if ws.closed:
             return
         ws.closed = True
@@ -564,7 +668,7 @@ class SandboxPool:
             self._check_alive(ws, acquired)
             o = await acquired.execute(
                 step, _step_limits(limits, compile_step=False), stdin=b"",
-                files=pack_files(files), env=sandbox_env("bash"), work=ws.id, collect=collect,
+                files=pack_files(files), env=self._run_env("bash"), work=ws.id, collect=collect,
                 collect_max=limits.stdout_bytes)
             if o.files_error is not None:
                 if any(m in o.files_error for m in _FULL_MESSAGES):
@@ -580,14 +684,15 @@ class SandboxPool:
 
     async def _run_on(self, slot: Slot, program: Program, limits: Limits,
                       work: str | None = None,
-                      on_end: Callable[[], None] | None = None) -> ExecResult:
+                      on_end: Callable[[], None] | None = None,
+                      env_id: str | None = None) -> ExecResult:
         # In a workspace the program's own file goes to the run's /tmp: the workspace keeps
         # only what the user and their programs put there.
         spec = spec_for(program.language, tuple(program.argv),
                         main_dir="/tmp" if work else WORK_DIR, limits=limits)
         files = {name: _as_bytes(v) for name, v in program.files.items()}
         files[spec.main_file] = program.source.encode()
-        env = sandbox_env(spec.name)
+        env = self._run_env(spec.name)
         executable: frozenset[str] = frozenset()
         compile_result: ExecResult | None = None
         if spec.compile is not None:
@@ -599,7 +704,7 @@ class SandboxPool:
                 collect_max=limits.compile_output_mb << 20,
             )
             compile_result = classify(c, cpu_limit_s=limits.compile_time_limit_s,
-                                      isolation="full")
+                                      isolation="full", environment=env_id)
             compile_result = with_compile_limit_note(compile_result, limits)
             binary = c.files.get(spec.binary)
             if compile_result.status is Status.OK and binary is None:
@@ -611,7 +716,7 @@ class SandboxPool:
                 status = (Status.SANDBOX_ERROR if compile_result.status is Status.SANDBOX_ERROR
                           else Status.COMPILE_ERROR)
                 return ExecResult(status=status, compile=compile_result, isolation="full",
-                                  error=compile_result.error,
+                                  environment=env_id, error=compile_result.error,
                                   wall_time_s=compile_result.wall_time_s)
             files = {n: d for n, d in files.items() if n != spec.main_file}
             files[spec.binary] = binary
@@ -625,7 +730,8 @@ class SandboxPool:
             work=work, collect=tuple(program.collect), collect_max=limits.stdout_bytes,
             on_end=on_end,
         )
-        result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
+        result = classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full",
+                          environment=env_id)
         if compile_result is not None:
             result = result.model_copy(update={"compile": compile_result})
         return result

@@ -157,10 +157,18 @@ class RunSpec(TypedDict, total=False):
     collect_max: int
 
 
-class ZygoteConfig(TypedDict):
-    """What the supervisor writes on the zygote's stdin (never on its command line)."""
+class ZygoteConfig(TypedDict, total=False):
+    """What the supervisor writes on the zygote's stdin (never on its command line).
 
-    python: str
+    With an environment (``exec`` set), the zygote starts on the supervisor's interpreter only
+    to build and enter its root, where the environment's tree is bound (``mounts``), and then
+    re-executes itself as ``exec`` (the environment's interpreter, at its path inside the root)
+    with the complete environment ``exec_env`` (``PYTHONHASHSEED`` included): nothing of the
+    host's interpreter is left in it. The zygote's own code travels along (``modules``, read
+    before the pivot), since its files are not in the root. See docs/environments.md.
+    """
+
+    python: str  # what `python`/`python3` in TOOLS_DIR point to, inside the root
     cgroups: list[str]
     base: str
     uid: int
@@ -170,6 +178,15 @@ class ZygoteConfig(TypedDict):
     symlinks: dict[str, str]
     preload: list[str]
     jail: str | None  # the C helper's path, or None: the Python steps
+    mounts: list[list[str]]  # [host directory, path inside the root]: environment trees
+    exec: str | None  # the environment's interpreter inside the root (None: stay on this one)
+    exec_env: dict[str, str]  # its whole environment
+    bootstrap: str  # zygote.BOOTSTRAP, which the re-executed interpreter runs
+    modules: list[list[str]]  # the zygote modules and their files (zygote.MODULES)
+    # Set by the zygote for its re-executed self (never by the supervisor):
+    stage: int  # 2: the root is built and entered; only the lock-down is left
+    tmp_binds: list[list[str]]  # (kept copy, path under /tmp): Zygote.tmp_binds
+    jail_fd: int  # the C helper, copied into a memfd (its host path is gone)
 
 
 # Supervisor-side vocabularies (slot.py, outcome.py, models.ExecResult).

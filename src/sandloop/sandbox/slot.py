@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandloop.envs import Environment
 from sandloop.errors import SandboxError
 from sandloop.sandbox import protocol
 from sandloop.sandbox import zygote as zygote_module
@@ -41,6 +42,7 @@ from sandloop.sandbox.cgroups import (
 )
 from sandloop.sandbox.host import host_rlimit
 from sandloop.sandbox.languages import Step, sandbox_env
+from sandloop.sandbox.runenv import zygote_config
 from sandloop.sandbox.safefs import sealed_memfd
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,9 @@ class SlotConfig:
     pool_id: str
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     jail: str | None = None  # the compiled C isolation steps (jailbuild), or None: Python's
+    # The environment the zygotes mount and re-execute on (runenv.zygote_config); None: they
+    # stay on ``python``, bound at its host path (as before environments).
+    environment: Environment | None = None
 
 
 @dataclass
@@ -268,6 +273,8 @@ class Slot:
             "preload": list(self.config.preload),
             "jail": self.config.jail,
         }
+        if self.config.environment is not None:
+            cfg.update(zygote_config(self.config.environment))
         try:
             self.proc = subprocess.Popen(
                 [self.config.python, "-I", "-c", zygote_module.BOOTSTRAP, str(child.fileno()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -123,6 +124,10 @@ class Checker(_Frozen):
     source: str
 
 
+# An environment's name or id (envs.spec.NAME_RE; that layer is above this one).
+_ENVIRONMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
 def _hash(data: Any) -> str:
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -152,6 +157,17 @@ class Task(_Frozen):
     tags: tuple[str, ...] = ()
     split: Split = "eval"
     source: str | None = Field(None, description="where the task came from (dataset name)")
+    environment: str | None = Field(
+        None, description="the runtime environment its programs run in: a name or id "
+                          "(docs/environments.md); default the language's built-in")
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, v: str | None) -> str | None:
+        if v is not None and not _ENVIRONMENT_RE.fullmatch(v):
+            raise ValueError(f"environment {v!r} is not an environment name or id (lowercase "
+                             "letters, digits, . _ -)")
+        return v
 
     @field_validator("language")
     @classmethod
@@ -200,8 +216,11 @@ class Task(_Frozen):
         return self
 
     def content_hash(self) -> str:
-        """Hash of everything that affects scoring (not ``version`` itself)."""
-        return _hash(self.model_dump(mode="json", exclude={"version"}))
+        """Hash of everything that affects scoring (not ``version`` itself). ``environment``
+        counts only when set, so that the versions of tasks stored before the field existed
+        stay what they were."""
+        exclude = {"version"} if self.environment is not None else {"version", "environment"}
+        return _hash(self.model_dump(mode="json", exclude=exclude))
 
     @property
     def tests(self) -> tuple[Test, ...]:

@@ -44,6 +44,9 @@ __all__ = [
 REPO_SCHEMA = "sandloop.repo_task/v1"
 REPO_BUILTIN_SETS = ("repo-demo",)
 DEFAULT_TEST_COMMAND = "python -m pytest -q -p no:cacheprovider"
+# Where a repository task runs when it names no environment: the built-in with pytest (the
+# default environment is the standard library only, and grading imports pytest).
+DEFAULT_REPO_ENVIRONMENT = "python-pytest"
 
 # Files that decide how tests run or what they see. Grading restores them to the original and
 # deletes new ones, so a model cannot change the rules (a conftest.py that marks every test as
@@ -100,8 +103,13 @@ class RepoTask(_Frozen):
     version: str = ""
     problem_statement: str
     files: dict[str, str] = Field(description="the repository before the fix: path -> text")
-    environment: str | None = Field(None, description="runtime environment name (None: the "
-                                    "engine's default Python)")
+    environment: str | None = Field(None, description="runtime environment name or id (None: "
+                                    "the built-in python-pytest)")
+
+    @property
+    def runtime_environment(self) -> str:
+        """The environment its sessions run in."""
+        return self.environment or DEFAULT_REPO_ENVIRONMENT
     setup: str | None = Field(None, description="bash run once per task in the repository; "
                               "episodes start from its result")
     test_command: str = Field(DEFAULT_TEST_COMMAND,

@@ -70,6 +70,15 @@ ROOT = "sandloop_zygote"  # stands for sandloop.sandbox in the zygote's sys.modu
 # In a child, server.main() returns once the zygote's frames are gone (program.RunProgram): the
 # program then runs under one frame of the zygote's, this one, whose globals hold only what
 # runs it.
+#
+# Re-executed on an environment's interpreter (ZygoteConfig.exec), the zygote's files are not
+# in its root: argv[2] is then "fd:N:M:S" (server.reexec): memfds holding N the configuration
+# ({"config": ..., "tag": the first stage's cache tag}), M the modules' code, compiled (under
+# the same neutral name) and marshalled by the first stage, S their sources ({name: source}).
+# The code is loaded as from .pyc files when the cache tags match, else compiled here from the
+# sources: compiling (and parsing the sources' JSON) leaves a more fragmented heap, which cost
+# every run ~65 more copy-on-write faults. That interpreter runs without -I, so that it reads PYTHONHASHSEED (-s: no user
+# site); the current directory it puts first on sys.path (-c) is removed, as -I would have.
 BOOTSTRAP = (
     "def _zygote():\n"
     "    import sys\n"
@@ -79,6 +88,22 @@ BOOTSTRAP = (
     "        consts = tuple(neutral(c) if isinstance(c, CodeType) else c\n"
     "                       for c in code.co_consts)\n"
     "        return code.replace(co_filename='<sandloop zygote>', co_consts=consts)\n"
+    "    codes = None\n"
+    "    if sys.argv[2].startswith('fd:'):\n"
+    "        import json, marshal, os\n"
+    "        fd, code_fd, src_fd = (int(x) for x in sys.argv[2][3:].split(':'))\n"
+    "        tag = json.loads(os.pread(fd, os.fstat(fd).st_size, 0))['tag']\n"
+    "        if tag == sys.implementation.cache_tag:\n"
+    "            codes = marshal.loads(os.pread(code_fd, os.fstat(code_fd).st_size, 0))\n"
+    "        else:\n"
+    "            src = json.loads(os.pread(src_fd, os.fstat(src_fd).st_size, 0))\n"
+    "            codes = {n: compile(s, '<sandloop zygote>', 'exec', dont_inherit=True)\n"
+    "                     for n, s in src.items()}\n"
+    "            del src\n"
+    "        os.close(code_fd)\n"
+    "        os.close(src_fd)\n"
+    "        if sys.path[:1] == ['']:\n"
+    "            del sys.path[0]\n"
     f"    root = {ROOT!r}\n"
     "    sys.modules[root] = ModuleType(root)\n"
     "    sys.modules[root].__package__ = root\n"
@@ -87,9 +112,15 @@ BOOTSTRAP = (
     "        full = root + '.' + name\n"
     "        module = sys.modules[full] = ModuleType(full)\n"
     "        module.__package__ = full if rel is None else full.rpartition('.')[0]\n"
-    "        if rel is not None:\n"
+    "        if rel is None:\n"
+    "            continue\n"
+    "        if codes is None:\n"
     "            loader = SourceFileLoader(full, sys.argv[2] + '/' + rel)\n"
-    "            exec(neutral(loader.get_code(full)), module.__dict__)\n"
+    "            code = neutral(loader.get_code(full))\n"
+    "        else:\n"
+    "            code = codes[name]\n"
+    "        exec(code, module.__dict__)\n"
+    "    del codes\n"
     "    server = sys.modules[root + '.zygote.server']\n"
     "    run = server.main()\n"
     "    return None if run is None else (sys.modules[root + '.zygote.program'].program_entry, run)\n"
@@ -97,3 +128,4 @@ BOOTSTRAP = (
     "if _zygote is not None:\n"
     "    _zygote[0](_zygote[1])\n"
 )
+

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import gc
 import json
+import marshal
 import os
 import select
 import signal
@@ -82,7 +83,7 @@ class SpareGone(SetupError):
 
 
 class Zygote:
-    def __init__(self, config: ZygoteConfig) -> None:
+    def __init__(self, config: ZygoteConfig, load_jail: bool = True) -> None:
         self.base: str = config["base"]
         self.uid: int = config["uid"]
         self.gid: int = config["gid"]
@@ -92,9 +93,14 @@ class Zygote:
         self.cgroups: list[str] = config["cgroups"]
         self.python: str = config["python"]
         self.preload: list[str] = config.get("preload", [])
-        # Loaded before setup() pivots away from the host's file system.
+        self.mounts: list[list[str]] = config.get("mounts", [])
+        self.stage: int = config.get("stage", 1)
+        # Loaded before setup() pivots away from the host's file system (or, re-executed on an
+        # environment's interpreter, from the memfd copy that crossed the exec: reexec).
         jail = config.get("jail")
-        self.jail: Jail | None = Jail(jail) if jail else None
+        self.jail: Jail | None = Jail(jail) if jail and load_jail else None
+        if config.get("jail_fd") is not None:
+            os.close(config["jail_fd"])
         self.root = os.path.join(self.base, "root")  # until setup() pivots into it: then "/"
         self.works = PRIVATE + "/work"  # persistent (session) work dirs, root-only
         # Running children: pid -> (status pipe, pidfd). A pidfd turns readable when its
@@ -103,13 +109,22 @@ class Zygote:
         self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
         self.spare: Spare | None = None
         self.last_key: SpareKey | None = None
-        self.tmp_binds: list[tuple[str, str]] = []  # (kept copy, path under /tmp)
+        # (kept copy, path under /tmp); a re-executed zygote gets them from its first stage.
+        self.tmp_binds: list[tuple[str, str]] = [
+            (a, b) for a, b in config.get("tmp_binds", [])]
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
-        # "sl-zygote" in ps/top (children inherit it until they exec).
-        name = ctypes.create_string_buffer(b"sl-zygote")
-        libc.prctl(PR_SET_NAME, ctypes.addressof(name), 0, 0, 0)
+        """Build the read-only root, enter it, and lock the zygote down. A zygote re-executed
+        on an environment's interpreter (stage 2) did the first part before its exec."""
+        if self.stage != 2:
+            self.enter_root()
+        self.lock_down()
+
+    def enter_root(self) -> None:
+        """Join the slot's groups, make a private mount and network namespace, build the root
+        and pivot into it."""
+        _set_name()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the supervisor is already gone
             os._exit(0)
@@ -152,13 +167,6 @@ class Zygote:
             mount(src, keep, None, MS_BIND | MS_REC)
             mount(None, keep, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
             self.tmp_binds.append((f"{PRIVATE}/rt{i}", src))
-        # Empty the capability bounding set: no descendant can ever gain a capability by exec
-        # (the zygote keeps its effective set for mounts, and never execs).
-        for cap in range(64):
-            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
-                if ctypes.get_errno() == errno.EINVAL:
-                    break
-                check(-1, f"drop capability {cap} from the bounding set")
         # The runtime and the skeleton are read-only for every run.
         mount(None, self.root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         # Live in that root: a child's copy of this mount namespace is then a dozen mounts, not
@@ -168,9 +176,51 @@ class Zygote:
         umount(".", MNT_DETACH)
         os.chdir("/")
         self.root = "/"
+
+    def lock_down(self) -> None:
+        """Empty the capability bounding set and forget the host's layout."""
+        _set_name()  # again after a re-exec, which named the process after its binary
+        # Empty the capability bounding set: no descendant can ever gain a capability by exec
+        # (the zygote keeps its effective set for mounts, and never execs once it is set: a
+        # re-exec on an environment's interpreter happens before, or root would lose them).
+        for cap in range(64):
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+                if ctypes.get_errno() == errno.EINVAL:
+                    break
+                check(-1, f"drop capability {cap} from the bounding set")
         # Forget the host's layout (the slot's directory, the cgroup paths, the runtime's
         # paths): the zygote needs none of it any more, and what it holds, its children inherit.
         self.base, self.python, self.binds, self.symlinks, self.cgroups = "", "", [], {}, []
+        self.mounts = []
+
+    def reexec(self, config: ZygoteConfig, sock_fd: int) -> None:
+        """Become the environment's interpreter (``config["exec"]``, a path inside the root),
+        once the root with the environment's tree is built and entered: its ``sys.prefix``,
+        ``sys.path`` and modules then name only neutral paths (/opt/env/...), and it starts
+        with the environment's PYTHONHASHSEED. The zygote's code, configuration and C helper
+        cross the exec in memfds (their host paths are gone). Returns only on failure."""
+        jail_fd = None
+        # Before the pivot, while the package's files are there (the directory is argv[2]).
+        sources, codes = _zygote_code(config["modules"])
+        jail = config.get("jail")
+        if jail:
+            with open(jail, "rb") as f:  # before the pivot: a host path
+                jail_fd = _memfd("sl-jail", f.read())
+        self.enter_root()
+        nxt: dict[str, Any] = {k: v for k, v in config.items()
+                               if k not in ("modules", "bootstrap", "exec_env")}
+        nxt.update(stage=2, tmp_binds=[list(t) for t in self.tmp_binds], exec=None)
+        if jail_fd is not None:
+            nxt.update(jail=f"{PRIVATE}/proc/self/fd/{jail_fd}", jail_fd=jail_fd)
+        blob = _memfd("sl-zygote", json.dumps({
+            "config": nxt, "tag": sys.implementation.cache_tag}).encode())
+        code_fd = _memfd("sl-zygote-code", codes)
+        source_fd = _memfd("sl-zygote-src", sources)
+        os.set_inheritable(sock_fd, True)
+        exe = config["exec"]
+        assert exe is not None
+        os.execve(exe, [exe, "-s", "-c", config["bootstrap"], str(sock_fd),
+                        f"fd:{blob}:{code_fd}:{source_fd}"], config["exec_env"])
 
     def _build_root(self) -> None:
         r = self.root
@@ -186,6 +236,12 @@ class Zygote:
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 if not os.path.exists(dst):
                     open(dst, "wb").close()
+            mount(src, dst, None, MS_BIND | MS_REC)
+            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        # Environment trees, at neutral paths (/opt/env), never at their host paths.
+        for src, target in self.mounts:
+            dst = os.path.join(r, target.lstrip("/"))
+            os.makedirs(dst, exist_ok=True)
             mount(src, dst, None, MS_BIND | MS_REC)
             mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         for dev in ("null", "zero", "full", "random", "urandom"):
@@ -564,6 +620,44 @@ class Spare:
 
 
 
+def _set_name() -> None:
+    """"sl-zygote" in ps/top (children inherit it until they exec)."""
+    name = ctypes.create_string_buffer(b"sl-zygote")
+    libc.prctl(PR_SET_NAME, ctypes.addressof(name), 0, 0, 0)
+
+
+def _zygote_code(modules: list[list[str]]) -> tuple[bytes, bytes]:
+    """The zygote modules' sources (JSON) and code (marshal), for the re-executed zygote
+    (BOOTSTRAP): the code from the package's cached bytecode, as the first stage loaded it,
+    under the neutral file name. Compiling the sources costs a zygote start ~50 ms."""
+    from importlib.machinery import SourceFileLoader  # the first stage only
+    from types import CodeType
+
+    def neutral(code: CodeType) -> CodeType:
+        consts = tuple(neutral(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename="<sandloop zygote>", co_consts=consts)
+
+    sources: dict[str, str] = {}
+    codes: dict[str, CodeType] = {}
+    for name, rel in modules:
+        path = os.path.join(sys.argv[2], rel)
+        loader = SourceFileLoader(name, path)
+        sources[name] = loader.get_data(path).decode("utf-8")
+        code = loader.get_code(name)
+        assert code is not None
+        codes[name] = neutral(code)
+    return json.dumps(sources).encode(), marshal.dumps(codes)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An inheritable memfd holding ``data`` (it crosses the zygote's re-exec)."""
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
+
+
 def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -575,9 +669,24 @@ def main() -> ProgramRun | None:
     """The zygote: returns when the supervisor hangs up (None), or in a locked-down child
     (what runs its program: see RunProgram)."""
     # The configuration arrives on stdin, not argv: /proc/1/cmdline of a run shows nothing.
-    config: ZygoteConfig = json.loads(sys.stdin.buffer.read())
-    os.environ.pop("LD_BIND_NOW", None)  # it did its work at start-up; runs do not inherit it
+    # A zygote re-executed on an environment's interpreter finds it in a memfd (reexec).
+    config: ZygoteConfig
+    if sys.argv[2].startswith("fd:"):
+        fd = int(sys.argv[2][3:].split(":")[0])
+        config = json.loads(os.pread(fd, os.fstat(fd).st_size, 0))["config"]
+        os.close(fd)
+    else:
+        config = json.loads(sys.stdin.buffer.read())
     sock = socket.socket(fileno=int(sys.argv[1]))
+    if config.get("exec"):
+        try:
+            Zygote(config, load_jail=False).reexec(config, sock.fileno())
+        except Exception as e:
+            sock.send(json.dumps({"ok": False, "error": f"zygote setup failed: {e}"}).encode())
+        return None
+    # They did their work at start-up (runenv.zygote_config); runs do not inherit them.
+    os.environ.pop("LD_BIND_NOW", None)
+    os.environ.pop("LD_LIBRARY_PATH", None)
     for name in config.get("preload", []):
         with contextlib.suppress(ImportError):
             __import__(name)
