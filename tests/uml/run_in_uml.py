@@ -159,6 +159,18 @@ def build_xstate_shim(out: Path) -> Path:
     return lib
 
 
+_SHADOWED = ("/run", "/tmp", "/var/tmp", "/dev/shm")  # tmpfs in the guest
+
+
+def _reexpose(path: Path) -> list[str]:
+    """Guest commands that show ``path`` again, read-only, when it lies under a directory the
+    guest covers with a tmpfs (a checkout cloned under /tmp, as CI may do)."""
+    if not any(path.is_relative_to(d) for d in _SHADOWED):
+        return []
+    q = shlex.quote(str(path))
+    return [f"mkdir -p {q} && mount -r -t hostfs -o {q} none {q}"]
+
+
 def guest_script(out: Path, python: str, jails: tuple[str, ...],
                  pytest_args: list[str] | None) -> str:
     """The guest's init (pid 1): mounts, then the suites, then power off."""
@@ -179,6 +191,7 @@ def guest_script(out: Path, python: str, jails: tuple[str, ...],
         f"mkdir /run/out && mount -t hostfs -o {q(str(out))} none /run/out",
         "mkdir -p /dev/shm",
         "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777 tmpfs $d; done",
+        *_reexpose(REPO),
         "mkdir -p $HOME $XDG_CACHE_HOME",
         "ip link set lo up",
         # What systemd does on a cgroup v2 host: the controllers enabled below the root.
