@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandloop.engine import DeadlineExceeded, Engine
-from sandloop.engine.backends import Backend
+from sandloop.engine.backends import Backend, Executor, Workspaces
 from sandloop.engine.testing import ScriptedBackend
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
@@ -22,8 +22,10 @@ def echo(program: Program, limits: Limits) -> ExecResult:
     return ExecResult(status=Status.OK, stdout=program.source)
 
 
-def test_scripted_backend_implements_the_protocol() -> None:
-    assert isinstance(ScriptedBackend(), Backend)
+def test_scripted_backend_implements_the_protocols() -> None:
+    backend = ScriptedBackend()
+    assert isinstance(backend, Executor) and isinstance(backend, Workspaces)
+    assert isinstance(backend, Backend)
 
 
 async def test_infrastructure_failures_are_retried_by_the_engine() -> None:

@@ -14,8 +14,8 @@ from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
 
-__all__ = ["Backend", "Capacity", "ElasticBackend", "LocalBackend", "WorkspaceLost",
-           "declared_memory_mb"]
+__all__ = ["Backend", "Capacity", "ElasticBackend", "Executor", "LocalBackend", "WorkspaceLost",
+           "Workspaces", "declared_memory_mb"]
 
 _COMPILED: dict[str, bool] = {}
 
@@ -36,13 +36,12 @@ def declared_memory_mb(program: Program, limits: Limits) -> int:
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """What the engine needs from an executor.
+class Executor(Protocol):
+    """Execution: what the engine needs to run one-shot jobs.
 
     ``execute`` returns an ExecResult for every program it ran, including the program's own
     failures; it reports infrastructure failures as ``status == "sandbox_error"`` (or raises),
-    which the engine retries. Workspace methods raise ``WorkspaceLost`` when the workspace's
-    files are gone (its slot restarted).
+    which the engine retries (it is the only layer that does, see engine/retry.py).
     """
 
     @property
@@ -66,6 +65,15 @@ class Backend(Protocol):
         late or never (the engine releases everything when the result comes)."""
         ...
 
+
+@runtime_checkable
+class Workspaces(Protocol):
+    """Workspaces: work dirs whose files persist between runs (engine sessions, episodes).
+
+    Every method raises ``WorkspaceLost`` when the workspace's files are gone (its slot
+    restarted, its node left).
+    """
+
     async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
         """A work dir whose files persist, in ``environment`` (None: the default one)."""
         ...
@@ -77,6 +85,12 @@ class Backend(Protocol):
     async def read_files(self, workspace: Any, paths: Sequence[str]) -> dict[str, bytes]: ...
 
     async def close_workspace(self, workspace: Any) -> None: ...
+
+
+@runtime_checkable
+class Backend(Executor, Workspaces, Protocol):
+    """What the engine needs from a backend: execution and workspaces (``LocalBackend``, the
+    cluster backends, and ``engine.testing.ScriptedBackend`` for tests without sandboxes)."""
 
 
 @dataclass(frozen=True)
