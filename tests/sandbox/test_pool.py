@@ -196,6 +196,27 @@ async def test_cancelled_run_is_killed_before_the_slot_is_reused() -> None:
         assert r.stdout == "next\n" and r.wall_time_s < 5
 
 
+async def test_run_cancelled_mid_request_leaves_a_slot_that_answers_at_once() -> None:
+    # Cancelled while the zygote's reply to the run request was awaited, the slot is abandoned
+    # and restarted. The restarted zygote's socket reuses the old fd number; a reader left
+    # registered for the old one hid the new socket from epoll and the next run stalled 30 s
+    # ending as sandbox_error.
+    import asyncio
+
+    async with SandboxPool(1) as pool:
+        for delay in (0.0, 0.001, 0.005):
+            task = asyncio.create_task(pool.run(Program(source="import time; time.sleep(30)"),
+                                                Limits(time_s=60)))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            t0 = time.monotonic()
+            r = await pool.run(Program(source="print('next')"), Limits(time_s=10))
+            assert r.status is Status.OK, (delay, r.status, r.error)
+            assert time.monotonic() - t0 < 15, delay
+
+
 async def test_preload_is_configurable() -> None:
     probe = Program(source="import sys\nprint('unittest' in sys.modules, 'collections' in sys.modules)")
     async with SandboxPool(1) as pool:

@@ -372,6 +372,11 @@ class Slot:
         assert self.sock is not None
         loop = asyncio.get_running_loop()
         sock = self.sock
+        # Kept as a number: once the socket is closed its fileno() is -1. The reader must go on
+        # every exit, cancellation included: a closed fd leaves epoll silently, and the restarted
+        # zygote's socket, given the same number, would then be "registered" in asyncio's map
+        # but never in epoll, so its replies would go unseen (a 30 s stall per restart).
+        fd = sock.fileno()
         fut: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
 
         def readable() -> None:
@@ -380,23 +385,24 @@ class Slot:
             except BlockingIOError:
                 return
             except OSError as e:
-                loop.remove_reader(sock.fileno())
+                loop.remove_reader(fd)
                 if not fut.done():
                     fut.set_exception(e)
                 return
-            loop.remove_reader(sock.fileno())
+            loop.remove_reader(fd)
             if not fut.done():
                 fut.set_result((data, fds))
 
-        loop.add_reader(sock.fileno(), readable)
+        loop.add_reader(fd, readable)
         try:
             if not await _settled(fut, timeout):
                 raise TimeoutError(f"no reply within {timeout} s")
             data, fds = fut.result()
         except (TimeoutError, OSError) as e:
-            loop.remove_reader(sock.fileno())
             self.broken = True
             raise SlotBroken(f"zygote of slot {self.index} did not answer: {e!r}") from e
+        finally:
+            loop.remove_reader(fd)
         if not data:
             self.broken = True
             raise SlotBroken(f"zygote of slot {self.index} exited")
