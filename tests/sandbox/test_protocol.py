@@ -45,6 +45,7 @@ EXPECTED: dict[str, object] = {
     "RUN_HEAD": protocol.RUN_HEAD_SIZE,
     "SL_MAX_RUNNING": protocol.SL_MAX_RUNNING,
     "SL_MAX_FDS": protocol.SL_MAX_FDS,
+    "SL_NET_SNAP": protocol.SL_NET_SNAP,
     "CHILD_RUN": protocol.CHILD_RUN,
     "CTL_READY": protocol.CTL_READY,
     "CTL_FAILED": protocol.CTL_FAILED,

@@ -55,6 +55,7 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                         ctypes.c_ulong]
 libc.unshare.argtypes = [ctypes.c_int]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 libc_gil.syscall.restype = ctypes.c_long
 
@@ -122,6 +123,28 @@ def load_seccomp(bpf: bytes) -> None:
     prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
     check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
            "seccomp")
+
+
+# What a run can observe of a network namespace it shares with the slot's other runs (see
+# jail.c shared_net): the sockets in use per protocol and the traffic counters.
+NET_FILES = ("protocols", "dev", "snmp", "snmp6", "netstat")
+
+
+def net_snapshot(proc_dir: str) -> bytes:
+    """The observable state of the current network namespace (as jail.c net_snapshot): the
+    NET_FILES of ``proc_dir``/self/net, of protocols only the columns that belong to the
+    namespace (name, size, sockets: its "memory" column is the host's)."""
+    parts: list[bytes] = []
+    for i, name in enumerate(NET_FILES):
+        try:
+            with open(f"{proc_dir}/self/net/{name}", "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # a kernel without it (snmp6 without IPv6)
+            continue
+        if i == 0:
+            data = b"".join(b" ".join(line.split()[:3]) + b"\n" for line in data.splitlines())
+        parts.append(data + b"\0")  # NUL ends each file (never in them), as in jail.c
+    return b"".join(parts)
 
 
 def loopback_up() -> None:
