@@ -442,6 +442,39 @@ async def test_traffic_counters_not_left_for_the_next_run(sandbox: PoolInfo) -> 
                              "no_routes6": 0}, (uid, report(r))
 
 
+SILENT_TRACES = """
+import os, socket, struct
+print(os.getuid())
+# An IPv6 flow label that lingers 60 s after its socket is closed, and a route that a connect
+# caches (no packet is sent by either).
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+req = (socket.inet_pton(socket.AF_INET6, "::1") + struct.pack("!I", 0x5A5A5)
+       + struct.pack("=BBHHHI", 0, 3, 1, 0, 60, 0))  # IPV6_FL_A_GET, IPV6_FL_S_ANY, CREATE
+s.setsockopt(socket.IPPROTO_IPV6, 32, req)  # IPV6_FLOWLABEL_MGR
+s.close()
+c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+c.connect(("::1", 9))
+c.close()
+print(open("/proc/net/ip6_flowlabel").read().lower().count("5a5a5"))
+"""
+
+READ_SILENT = """
+import json, os
+print(os.getuid())
+labels = open("/proc/net/ip6_flowlabel").read().splitlines()[1:]
+print(json.dumps({"labels": labels, "rt6_alloc": open("/proc/net/rt6_stats").read().split()[2]}))
+"""
+
+
+async def test_silent_network_traces_not_left_for_the_next_run(sandbox: PoolInfo) -> None:
+    """State a run leaves in its network namespace without sending anything (a lingering IPv6
+    flow label, a route cached by a connect) must not reach the next run."""
+    for r in (await per_slot(sandbox.pool, Program(source=SILENT_TRACES))).values():
+        assert r.stdout.split()[1] == "1", r.stdout  # planted: the label is listed
+    for uid, r in (await per_slot(sandbox.pool, Program(source=READ_SILENT))).items():
+        assert report(r) == {"labels": [], "rt6_alloc": "0000"}, (uid, report(r))
+
+
 KEEP_SOCKETS = """
 import array, os, socket
 print(os.getuid())

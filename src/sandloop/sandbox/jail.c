@@ -597,10 +597,13 @@ static void discard_spare(struct sl_zygote *z)
  * zygote prepares it with none running) and when everything a run can observe of the
  * namespace is exactly as it was when the previous child joined it: the sockets in use per
  * protocol (/proc/net/protocols), the traffic counters of lo and of every protocol (dev, snmp,
- * snmp6, netstat). Any difference, even a socket the kernel has yet to free: the namespace is
- * dropped and a fresh one made. zygote.server.Zygote.shared_net is the same in Python.
+ * snmp6, netstat), and what outlives a socket without any traffic: IPv6 flow labels (they
+ * linger after their socket closed) and IPv6 routes cached by a connect (ipv6_route's use
+ * counts, rt6_stats). Any difference, even a socket the kernel has yet to free: the namespace
+ * is dropped and a fresh one made. zygote.server.Zygote.shared_net is the same in Python.
  */
-static const char *const NET_FILES[] = {"protocols", "dev", "snmp", "snmp6", "netstat"};
+static const char *const NET_FILES[] = {"protocols", "dev", "snmp", "snmp6", "netstat",
+                                         "ip6_flowlabel", "ipv6_route", "rt6_stats"};
 
 /* The observable state of the zygote's current network namespace: the files above, of
  * /proc/net/protocols only the columns that belong to the namespace (name, size, sockets: its

@@ -127,7 +127,8 @@ def load_seccomp(bpf: bytes) -> None:
 
 # What a run can observe of a network namespace it shares with the slot's other runs (see
 # jail.c shared_net): the sockets in use per protocol and the traffic counters.
-NET_FILES = ("protocols", "dev", "snmp", "snmp6", "netstat")
+NET_FILES = ("protocols", "dev", "snmp", "snmp6", "netstat", "ip6_flowlabel", "ipv6_route",
+             "rt6_stats")
 
 
 def net_snapshot(proc_dir: str) -> bytes:
