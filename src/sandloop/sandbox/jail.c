@@ -543,6 +543,7 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
 #define RUN_MAGIC "RUN1"
 #define RUN_HEAD 24 /* magic, i64 work dir MiB, i64 work dir inodes, i32 cgroup files */
 #define SL_NET_SNAP 32768 /* room for a network namespace's observable state (see net_snapshot) */
+#define SL_NET_FILES 8    /* the files of NET_FILES */
 
 struct sl_zygote {
     int sock;                  /* the supervisor's end */
@@ -560,6 +561,7 @@ struct sl_zygote {
     unsigned long fast_runs;  /* runs served here */
     int zygote_net;           /* the zygote's own network namespace; -1: runs never share one */
     int run_net;              /* the slot's run network namespace, or -1: none yet */
+    int net_files[SL_NET_FILES]; /* its NET_FILES, open (-1: absent) */
     int net_snap_len;         /* its observable state when the last child joined it */
     char net_snap[SL_NET_SNAP];
     int n_fds;                /* out: a message for the Python loop, with its descriptors */
@@ -602,27 +604,25 @@ static void discard_spare(struct sl_zygote *z)
  * counts, rt6_stats). Any difference, even a socket the kernel has yet to free: the namespace
  * is dropped and a fresh one made. zygote.server.Zygote.shared_net is the same in Python.
  */
-static const char *const NET_FILES[] = {"protocols", "dev", "snmp", "snmp6", "netstat",
-                                         "ip6_flowlabel", "ipv6_route", "rt6_stats"};
+static const char *const NET_FILES[SL_NET_FILES] = {"protocols", "dev", "snmp", "snmp6", "netstat",
+                                                   "ip6_flowlabel", "ipv6_route", "rt6_stats"};
 
-/* The observable state of the zygote's current network namespace: the files above, of
- * /proc/net/protocols only the columns that belong to the namespace (name, size, sockets: its
- * "memory" column is the host's). Kept in z->net_snap (keep: its length, or -1), or compared
- * with it (1: the same, 0: not, or unreadable). Read a page at a time into the stack: every
- * page the zygote writes after a fork costs it a page fault. */
+/* The observable state of the slot's network namespace: the files above (opened in it: they
+ * keep showing it), of /proc/net/protocols only the columns that belong to the namespace
+ * (name, size, sockets: its "memory" column is the host's). Kept in z->net_snap (keep: its
+ * length, or -1), or compared with it (1: the same, 0: not, or unreadable). Read a page at a
+ * time into the stack: every page the zygote writes after a fork costs it a page fault. */
 static int net_snapshot(struct sl_zygote *z, int keep)
 {
     char buf[4096];
     int len = 0;
-    for (size_t i = 0; i < sizeof NET_FILES / sizeof NET_FILES[0]; i++) {
-        char path[256];
-        snprintf(path, sizeof path, "%s/self/net/%s", z->proc_dir, NET_FILES[i]);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+    for (int i = 0; i < SL_NET_FILES; i++) {
+        int fd = z->net_files[i];
         if (fd < 0)
             continue; /* a kernel without it (snmp6 without IPv6): absent both times */
         int col = 0, in_word = 0;
-        ssize_t n;
-        while ((n = read(fd, buf, sizeof buf)) > 0) {
+        ssize_t n = lseek(fd, 0, SEEK_SET); /* a seq file: generated again from the start */
+        while (n >= 0 && (n = read(fd, buf, sizeof buf)) > 0) {
             int m = (int)n;
             if (i == 0) { /* protocols: keep 3 columns of each line */
                 int out = 0;
@@ -655,7 +655,6 @@ static int net_snapshot(struct sl_zygote *z, int keep)
             if (n < 0)
                 break;
         }
-        close(fd);
         /* Each file ends with a NUL (never in them): no two states read the same. */
         if (n < 0 || len >= (int)sizeof z->net_snap || (!keep && (len >= z->net_snap_len || z->net_snap[len] != 0)))
             return keep ? -1 : 0;
@@ -674,20 +673,26 @@ static void net_home(const struct sl_zygote *z)
 }
 
 /* The namespace the next child joins (see above), or -1: it is cloned into a fresh one. */
+static void drop_net(struct sl_zygote *z)
+{
+    if (z->run_net >= 0)
+        close(z->run_net);
+    z->run_net = -1;
+    for (int i = 0; i < SL_NET_FILES; i++) {
+        if (z->net_files[i] >= 0)
+            close(z->net_files[i]);
+        z->net_files[i] = -1;
+    }
+}
+
 static int shared_net(struct sl_zygote *z)
 {
     if (z->zygote_net < 0)
         return -1;
     if (z->run_net >= 0) {
-        int same = 0;
-        if (setns(z->run_net, CLONE_NEWNET) == 0) {
-            same = net_snapshot(z, 0);
-            net_home(z);
-        }
-        if (same)
+        if (net_snapshot(z, 0))
             return z->run_net;
-        close(z->run_net);
-        z->run_net = -1;
+        drop_net(z);
     }
     /* A fresh one, made from the zygote's own: it gets the small TCP hash (see server.py). */
     const char *what;
@@ -695,18 +700,21 @@ static int shared_net(struct sl_zygote *z)
         return -1;
     char path[256];
     snprintf(path, sizeof path, "%s/self/ns/net", z->proc_dir);
-    int fd = -1, n = -1;
-    if (lo_up(&what) == 0 && (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0)
+    int n = -1;
+    if (lo_up(&what) == 0 && (z->run_net = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+        for (int i = 0; i < SL_NET_FILES; i++) {
+            snprintf(path, sizeof path, "%s/self/net/%s", z->proc_dir, NET_FILES[i]);
+            z->net_files[i] = open(path, O_RDONLY | O_CLOEXEC);
+        }
         n = net_snapshot(z, 1);
+    }
     net_home(z);
     if (n < 0) {
-        if (fd >= 0)
-            close(fd);
+        drop_net(z);
         return -1;
     }
     z->net_snap_len = n;
-    z->run_net = fd;
-    return fd;
+    return z->run_net;
 }
 
 /* Prepare the next run's child. 1: this is that child, locked down with its request. */

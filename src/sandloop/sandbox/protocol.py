@@ -47,6 +47,7 @@ SETUP_FAILED_EXIT = 125  # exit code of a child whose isolation setup failed
 SL_MAX_RUNNING = 16  # runs the C loop can track at once (more: the Python loop serves)
 SL_MAX_FDS = 16  # descriptors the C loop receives with one message
 SL_NET_SNAP = 32768  # room for a network namespace's observable state (jail.c net_snapshot)
+SL_NET_FILES = 8  # the files it is read from (zygote.syscalls.NET_FILES)
 N_RUN_FDS = 7  # descriptors of a run request before its cgroup.procs files
 SPEC_MAGIC = b"SLS1"
 RUN_MAGIC = b"RUN1"

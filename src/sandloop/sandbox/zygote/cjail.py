@@ -10,7 +10,7 @@ import ctypes
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import N_RUN_FDS, PRIVATE, SL_MAX_FDS, SL_MAX_RUNNING, SL_NET_SNAP
+from ..protocol import N_RUN_FDS, PRIVATE, SL_MAX_FDS, SL_MAX_RUNNING, SL_NET_FILES, SL_NET_SNAP
 
 if TYPE_CHECKING:
     from .server import SpareKey, Zygote
@@ -47,7 +47,8 @@ class SlZygote(ctypes.Structure):
         ("key", ctypes.c_char * 128), ("spare_key", ctypes.c_char * 128),
         ("child_fds", ctypes.c_int * N_RUN_FDS),
         ("fast_runs", ctypes.c_ulong),
-        ("zygote_net", ctypes.c_int), ("run_net", ctypes.c_int), ("net_snap_len", ctypes.c_int),
+        ("zygote_net", ctypes.c_int), ("run_net", ctypes.c_int),
+        ("net_files", ctypes.c_int * SL_NET_FILES), ("net_snap_len", ctypes.c_int),
         ("net_snap", ctypes.c_char * SL_NET_SNAP),
         ("n_fds", ctypes.c_int), ("fds", ctypes.c_int * SL_MAX_FDS),
         ("msg_len", ctypes.c_int), ("msg", ctypes.c_char * (1 << 16)),

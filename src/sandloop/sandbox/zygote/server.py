@@ -34,6 +34,7 @@ from ..protocol import (
     PRIVATE,
     SETUP_FAILED_EXIT,
     SL_MAX_RUNNING,
+    SL_NET_FILES,
     SL_NET_SNAP,
     TOOLS_DIR,
     WORK_DIR,
@@ -71,6 +72,7 @@ from .syscalls import (
     loopback_up,
     mount,
     net_snapshot,
+    open_net_files,
     pivot_root,
     prctl,
     umount,
@@ -120,6 +122,7 @@ class Zygote:
         # a run could observe of it when the last child joined it.
         self.zygote_net = -2  # not opened yet
         self.run_net = -1
+        self.net_files: list[int] = [-1] * SL_NET_FILES  # its /proc/net files (open_net_files)
         self.net_snap = b""
 
     # -- one-time setup -------------------------------------------------------------------------
@@ -350,6 +353,7 @@ class Zygote:
         z.key = (self.last_key or "").encode()
         z.zygote_net = self.zygote_net if self.zygote_net >= 0 else -1
         z.run_net, z.net_snap_len = self.run_net, len(self.net_snap)
+        z.net_files[:] = self.net_files
         ctypes.memmove(ctypes.addressof(z) + SlZygote.net_snap.offset, self.net_snap,
                        len(self.net_snap))
         return child  # referenced by the caller while the C loop may use it
@@ -361,6 +365,7 @@ class Zygote:
         self.running = {z.run_pid[i]: (z.run_status[i], z.run_pidfd[i])
                         for i in range(z.n_running)}
         self.run_net = z.run_net  # the C loop may have made a fresh one
+        self.net_files = list(z.net_files)
         self.net_snap = ctypes.string_at(ctypes.addressof(z) + SlZygote.net_snap.offset,
                                          z.net_snap_len)
         if z.spare_pid:
@@ -577,36 +582,34 @@ class Zygote:
         if self.zygote_net < 0:
             return -1
         if self.run_net >= 0:
-            snap = None
-            if libc.setns(self.run_net, CLONE_NEWNET) == 0:
-                try:
-                    snap = net_snapshot(f"{PRIVATE}/proc")
-                except OSError:
-                    snap = None
-                finally:
-                    self._net_home()
-            if snap is not None and snap == self.net_snap:
-                return self.run_net
-            os.close(self.run_net)
-            self.run_net = -1
+            try:
+                if net_snapshot(self.net_files) == self.net_snap:
+                    return self.run_net
+            except OSError:
+                pass
+            self._drop_net()
         # A fresh one, made from the zygote's own: it gets the small TCP hash (enter_root).
         if libc.unshare(CLONE_NEWNET) < 0:
             return -1
-        fd = -1
         try:
             loopback_up()
-            fd = os.open(f"{PRIVATE}/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            snap = net_snapshot(f"{PRIVATE}/proc")
-            if len(snap) > SL_NET_SNAP:  # more than jail.c keeps: runs do not share it
+            self.run_net = os.open(f"{PRIVATE}/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            self.net_files = open_net_files(f"{PRIVATE}/proc")
+            self.net_snap = net_snapshot(self.net_files)
+            if len(self.net_snap) > SL_NET_SNAP:  # more than jail.c keeps: runs do not share it
                 raise OSError(errno.E2BIG, "network namespace state too large")
         except OSError:
-            if fd >= 0:
-                os.close(fd)
+            self._drop_net()
             return -1
         finally:
             self._net_home()
-        self.run_net, self.net_snap = fd, snap
-        return fd
+        return self.run_net
+
+    def _drop_net(self) -> None:
+        for fd in (self.run_net, *self.net_files):
+            if fd >= 0:
+                os.close(fd)
+        self.run_net, self.net_files, self.net_snap = -1, [-1] * SL_NET_FILES, b""
 
     def _net_home(self) -> None:
         """Back to the zygote's own network namespace; a zygote that cannot return leaves."""

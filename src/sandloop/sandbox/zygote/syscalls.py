@@ -131,17 +131,31 @@ NET_FILES = ("protocols", "dev", "snmp", "snmp6", "netstat", "ip6_flowlabel", "i
              "rt6_stats")
 
 
-def net_snapshot(proc_dir: str) -> bytes:
-    """The observable state of the current network namespace (as jail.c net_snapshot): the
-    NET_FILES of ``proc_dir``/self/net, of protocols only the columns that belong to the
-    namespace (name, size, sockets: its "memory" column is the host's)."""
-    parts: list[bytes] = []
-    for i, name in enumerate(NET_FILES):
+def open_net_files(proc_dir: str) -> list[int]:
+    """The NET_FILES of the current network namespace, open (-1: absent, as snmp6 without
+    IPv6): they keep showing this namespace wherever the zygote goes."""
+    fds: list[int] = []
+    for name in NET_FILES:
         try:
-            with open(f"{proc_dir}/self/net/{name}", "rb") as f:
-                data = f.read()
-        except FileNotFoundError:  # a kernel without it (snmp6 without IPv6)
+            fds.append(os.open(f"{proc_dir}/self/net/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            fds.append(-1)
+    return fds
+
+
+def net_snapshot(files: list[int]) -> bytes:
+    """The observable state of a network namespace (as jail.c net_snapshot) from its NET_FILES
+    (open_net_files), of protocols only the columns that belong to the namespace (name, size,
+    sockets: its "memory" column is the host's)."""
+    parts: list[bytes] = []
+    for i, fd in enumerate(files):
+        if fd < 0:
             continue
+        os.lseek(fd, 0, os.SEEK_SET)  # a seq file: generated again from the start
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+        data = b"".join(chunks)
         if i == 0:
             data = b"".join(b" ".join(line.split()[:3]) + b"\n" for line in data.splitlines())
         parts.append(data + b"\0")  # NUL ends each file (never in them), as in jail.c
