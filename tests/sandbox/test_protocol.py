@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandloop.sandbox import languages, protocol
-from sandloop.sandbox.zygote import cjail
+from sandloop.sandbox.zygote import cjail, syscalls
 
 JAIL_C = Path(protocol.__file__).with_name("jail.c").read_text()
 
@@ -45,6 +45,8 @@ EXPECTED: dict[str, object] = {
     "RUN_HEAD": protocol.RUN_HEAD_SIZE,
     "SL_MAX_RUNNING": protocol.SL_MAX_RUNNING,
     "SL_MAX_FDS": protocol.SL_MAX_FDS,
+    "SL_NET_SNAP": protocol.SL_NET_SNAP,
+    "SL_NET_FILES": protocol.SL_NET_FILES,
     "CHILD_RUN": protocol.CHILD_RUN,
     "CTL_READY": protocol.CTL_READY,
     "CTL_FAILED": protocol.CTL_FAILED,
@@ -106,6 +108,15 @@ def _struct_fields(name: str) -> list[str]:
 def test_ctypes_structures_mirror_jail_c(c_name: str, py_struct: type) -> None:
     py_fields = [f[0] for f in py_struct._fields_]  # type: ignore[attr-defined]
     assert _struct_fields(c_name) == py_fields
+
+
+def test_jail_c_reads_the_network_files_python_reads() -> None:
+    # The C loop and the Python loop take turns checking the slot's network namespace against
+    # what the other read: the same files, in the same order (see jail.c shared_net).
+    m = re.search(r"NET_FILES\[SL_NET_FILES\] = \{(.*?)\};", JAIL_C, re.S)
+    assert m is not None
+    assert tuple(re.findall(r'"(\w+)"', m.group(1))) == syscalls.NET_FILES
+    assert len(syscalls.NET_FILES) == protocol.SL_NET_FILES
 
 
 def test_languages_use_the_protocol_paths() -> None:

@@ -8,6 +8,7 @@ to the earlier one by the uid it reports (one uid per slot).
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -380,6 +381,166 @@ print(json.dumps({{"seen": [p for p in ({port_a}, {port_b}) if (":%04X" % p) in 
     await per_slot(sandbox.pool, Program(source=writer))
     for r in (await per_slot(sandbox.pool, Program(source=reader))).values():
         assert report(r)["seen"] == [], "the next run saw the previous run's sockets"
+
+
+# A slot's runs take turns in one network namespace, entered only when the previous run left
+# no trace in it: no socket in use, identical traffic counters (jail.c and
+# zygote.server.Zygote.shared_net). Any trace: the next run gets a fresh namespace.
+
+NET_NS = "import os; print(os.getuid(), os.readlink('/proc/self/ns/net'))"
+
+
+async def test_network_namespace_shared_only_while_untouched(sandbox: PoolInfo) -> None:
+    """The mechanism the tests below attack: quiet runs share the slot's namespace (what
+    saves creating and freeing one per run), a run that used the network is the last in it."""
+    first = await per_slot(sandbox.pool, Program(source=NET_NS))
+    again = await per_slot(sandbox.pool, Program(source=NET_NS))
+    talk = "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', 9))\n"
+    used = await per_slot(sandbox.pool, Program(source=talk + NET_NS))
+    after = await per_slot(sandbox.pool, Program(source=NET_NS))
+    for uid in first:
+        ns = first[uid].stdout.split()[1]
+        assert again[uid].stdout.split()[1] == ns, "quiet runs did not share the namespace"
+        assert used[uid].stdout.split()[1] == ns
+        assert after[uid].stdout.split()[1] != ns, "a run that used the network was not the last"
+
+
+NET_TRACES = """
+import socket
+print(__import__("os").getuid())
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b"x" * 1000, ("127.0.0.1", 9))
+for dst in (("10.255.255.1", 9), ("2001:db8::1", 9)):  # no route: only counters change
+    try:
+        socket.socket(socket.AF_INET6 if ":" in dst[0] else socket.AF_INET,
+                      socket.SOCK_DGRAM).sendto(b"x", dst)
+    except OSError:
+        pass
+"""
+
+READ_COUNTERS = """
+import json, os
+print(os.getuid())
+lo = open("/proc/net/dev").read().split("lo:")[1].split()
+snmp = open("/proc/net/snmp").read().splitlines()
+def field(proto, name):
+    head, vals = [l.split() for l in snmp if l.startswith(proto + ":")][:2]
+    return int(vals[head.index(name)])
+snmp6 = dict(l.split() for l in open("/proc/net/snmp6").read().splitlines() if l.strip())
+print(json.dumps({"lo_rx_bytes": int(lo[0]), "lo_tx_packets": int(lo[9]),
+                  "udp_out": field("Udp", "OutDatagrams"), "no_routes": field("Ip", "OutNoRoutes"),
+                  "no_routes6": int(snmp6.get("Ip6OutNoRoutes", 0))}))
+"""
+
+
+async def test_traffic_counters_not_left_for_the_next_run(sandbox: PoolInfo) -> None:
+    """A shared namespace's counters would carry bits from run to run: a run that changed them
+    (traffic on lo, a send with no route) must be the last one in its namespace."""
+    await per_slot(sandbox.pool, Program(source=NET_TRACES))
+    for uid, r in (await per_slot(sandbox.pool, Program(source=READ_COUNTERS))).items():
+        assert report(r) == {"lo_rx_bytes": 0, "lo_tx_packets": 0, "udp_out": 0, "no_routes": 0,
+                             "no_routes6": 0}, (uid, report(r))
+
+
+SILENT_TRACES = """
+import os, socket, struct
+print(os.getuid())
+# An IPv6 flow label that lingers 60 s after its socket is closed, and a route that a connect
+# caches (no packet is sent by either).
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+req = (socket.inet_pton(socket.AF_INET6, "::1") + struct.pack("!I", 0x5A5A5)
+       + struct.pack("=BBHHHI", 0, 3, 1, 0, 60, 0))  # IPV6_FL_A_GET, IPV6_FL_S_ANY, CREATE
+s.setsockopt(socket.IPPROTO_IPV6, 32, req)  # IPV6_FLOWLABEL_MGR
+s.close()
+c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+c.connect(("::1", 9))
+c.close()
+print(open("/proc/net/ip6_flowlabel").read().lower().count("5a5a5"))
+"""
+
+READ_SILENT = """
+import json, os
+print(os.getuid())
+labels = open("/proc/net/ip6_flowlabel").read().splitlines()[1:]
+print(json.dumps({"labels": labels, "rt6_alloc": open("/proc/net/rt6_stats").read().split()[2]}))
+"""
+
+
+async def test_silent_network_traces_not_left_for_the_next_run(sandbox: PoolInfo) -> None:
+    """State a run leaves in its network namespace without sending anything (a lingering IPv6
+    flow label, a route cached by a connect) must not reach the next run."""
+    for r in (await per_slot(sandbox.pool, Program(source=SILENT_TRACES))).values():
+        assert r.stdout.split()[1] == "1", r.stdout  # planted: the label is listed
+    for uid, r in (await per_slot(sandbox.pool, Program(source=READ_SILENT))).items():
+        assert report(r) == {"labels": [], "rt6_alloc": "0000"}, (uid, report(r))
+
+
+KEEP_SOCKETS = """
+import array, os, socket
+print(os.getuid())
+tcp = socket.socket(); tcp.bind(("127.0.0.1", {port})); tcp.listen(8)
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("127.0.0.1", {port}))
+unix = socket.socket(socket.AF_UNIX); unix.bind(b"\\0{name}"); unix.listen(8)
+# Unix sockets in flight, each holding the other and the sockets above: once this process is
+# gone, only the kernel's garbage collector (asynchronous) frees them. No packet is sent.
+a, b = socket.socketpair()
+fds = array.array("i", [a.fileno(), b.fileno(), tcp.fileno(), udp.fileno(), unix.fileno()])
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+b.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+"""
+
+FIND_SOCKETS = """
+import json, os, socket
+print(os.getuid())
+tables = "".join(open("/proc/net/" + t).read() for t in ("tcp", "tcp6", "udp", "udp6", "unix"))
+seen = [w for w in (":%04X" % {port}, "{name}") if w in tables]
+probes = {{}}
+for what, family, kind, addr in (("tcp", socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", {port})),
+                                 ("unix", socket.AF_UNIX, socket.SOCK_STREAM, b"\\0{name}")):
+    s = socket.socket(family, kind)
+    try:
+        s.connect(addr)
+        probes[what] = "connected"
+    except OSError as e:
+        probes[what] = e.errno
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.bind(("127.0.0.1", {port}))
+    probes["udp_bind"] = "free"
+except OSError as e:
+    probes["udp_bind"] = e.errno
+print(json.dumps({{"seen": seen, "probes": probes}}))
+"""
+
+
+async def test_sockets_kept_by_the_kernel_not_left_for_the_next_run(sandbox: PoolInfo) -> None:
+    """Listening TCP, bound UDP and abstract unix sockets that outlive their run (unix sockets
+    in flight hold them until the kernel's garbage collector runs) must not be reachable, nor
+    listed, in the next run: its namespace is a fresh one."""
+    port, name = 20000 + secrets.randbelow(40000), f"sl-keep-{secrets.token_hex(6)}"
+    await per_slot(sandbox.pool, Program(source=KEEP_SOCKETS.format(port=port, name=name)))
+    for uid, r in (await per_slot(sandbox.pool, Program(
+            source=FIND_SOCKETS.format(port=port, name=name)))).items():
+        seen = report(r)
+        assert seen["seen"] == [], (uid, seen)
+        assert seen["probes"] == {"tcp": errno.ECONNREFUSED, "unix": errno.ECONNREFUSED,
+                                  "udp_bind": "free"}, (uid, seen)
+
+
+async def test_hostname_change_not_left_for_the_next_run(sandbox: PoolInfo) -> None:
+    """Each run has a UTS namespace of its own: a hostname a run manages to set (it cannot:
+    no capability) would never reach the next run."""
+    setter = """
+import ctypes, os
+print(os.getuid())
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.sethostname(b"pwned-by-run", 12), ctypes.get_errno())
+"""
+    for r in (await per_slot(sandbox.pool, Program(source=setter))).values():
+        assert r.stdout.split()[1:] == ["-1", str(errno.EPERM)], r.stdout
+    reader = "import os, socket; print(os.getuid(), socket.gethostname(), os.uname().nodename)"
+    for r in (await per_slot(sandbox.pool, Program(source=reader))).values():
+        assert r.stdout.split()[1:] == ["sandbox", "sandbox"], r.stdout
 
 
 async def test_work_dir_inode_numbers_reveal_nothing(sandbox: PoolInfo) -> None:

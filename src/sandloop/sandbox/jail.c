@@ -76,6 +76,8 @@ struct sl_child {
     const unsigned char *bpf; /* classic BPF seccomp program, 8-byte instructions */
     unsigned int bpf_len;
     int detach_early;        /* no session dir to bind: private_dir goes before the request */
+    int net_fd;              /* the slot's network namespace to join, or -1: cloned into a fresh one */
+    int zygote_net_fd;       /* the zygote's own network namespace (closed in the child), or -1 */
 };
 
 /* Report a setup failure (before any untrusted code runs) and exit: on the control socket
@@ -331,17 +333,46 @@ static void set_rlimits(int spec_fd, int ctl, int st)
     }
 }
 
-static void loopback_up(int ctl, int st)
+/* Bring up lo in the current network namespace. 0, or -1 with errno and *what set. */
+static int lo_up(const char **what)
 {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    CHECK(s, "SetupError: socket: %s", strerror(errno));
+    if (s < 0)
+        return *what = "socket", -1;
     struct ifreq ifr;
     memset(&ifr, 0, sizeof ifr);
     strcpy(ifr.ifr_name, "lo");
-    CHECK(ioctl(s, SIOCGIFFLAGS, &ifr), "SetupError: SIOCGIFFLAGS lo: %s", strerror(errno));
-    ifr.ifr_flags |= IFF_UP;
-    CHECK(ioctl(s, SIOCSIFFLAGS, &ifr), "SetupError: SIOCSIFFLAGS lo: %s", strerror(errno));
+    int r = ioctl(s, SIOCGIFFLAGS, &ifr);
+    *what = "SIOCGIFFLAGS lo";
+    if (r == 0) {
+        ifr.ifr_flags |= IFF_UP;
+        r = ioctl(s, SIOCSIFFLAGS, &ifr);
+        *what = "SIOCSIFFLAGS lo";
+    }
+    int e = errno;
     close(s);
+    errno = e;
+    return r;
+}
+
+static void loopback_up(int ctl, int st)
+{
+    const char *what = "";
+    CHECK(lo_up(&what), "SetupError: %s: %s", what, strerror(errno));
+}
+
+/* The network namespace, for the child: the slot's (see shared_net), or the fresh one it was
+ * cloned into, whose loopback it brings up. */
+static void enter_net(const struct sl_child *c, int ctl, int st)
+{
+    if (c->net_fd < 0) {
+        loopback_up(ctl, st);
+    } else {
+        CHECK(setns(c->net_fd, CLONE_NEWNET), "SetupError: setns(net): %s", strerror(errno));
+        close(c->net_fd);
+    }
+    if (c->zygote_net_fd >= 0)
+        close(c->zygote_net_fd);
 }
 
 /* Steps 2-3 of the zygote package's list: the child isolates itself before it knows what it runs. */
@@ -374,7 +405,7 @@ static void prepare(const struct sl_child *c)
     CHECK(mount(NULL, "/proc", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                 NULL), "SetupError: remount /proc read-only: %s", strerror(errno));
     CHECK(sethostname("sandbox", 7), "SetupError: sethostname: %s", strerror(errno));
-    loopback_up(ctl, st);
+    enter_net(c, ctl, st);
     /* Cloned while the zygote held no session dir, this child can only serve a run without
      * one: detach the private area now. The unmount waits for an RCU grace period (~0.4 ms on
      * average here, over 1 ms at times), which then delays no run. */
@@ -511,6 +542,8 @@ long sl_spawn(unsigned long flags, const struct sl_child *c, int *fds)
 #define SL_MAX_FDS 16
 #define RUN_MAGIC "RUN1"
 #define RUN_HEAD 24 /* magic, i64 work dir MiB, i64 work dir inodes, i32 cgroup files */
+#define SL_NET_SNAP 32768 /* room for a network namespace's observable state (see net_snapshot) */
+#define SL_NET_FILES 8    /* the files of NET_FILES */
 
 struct sl_zygote {
     int sock;                  /* the supervisor's end */
@@ -526,6 +559,11 @@ struct sl_zygote {
     char spare_key[128];
     int child_fds[N_RUN_FDS]; /* in a new child: its run's descriptors (see sl_spawn) */
     unsigned long fast_runs;  /* runs served here */
+    int zygote_net;           /* the zygote's own network namespace; -1: runs never share one */
+    int run_net;              /* the slot's run network namespace, or -1: none yet */
+    int net_files[SL_NET_FILES]; /* its NET_FILES, open (-1: absent) */
+    int net_snap_len;         /* its observable state when the last child joined it */
+    char net_snap[SL_NET_SNAP];
     int n_fds;                /* out: a message for the Python loop, with its descriptors */
     int fds[SL_MAX_FDS];
     int msg_len;
@@ -552,6 +590,133 @@ static void discard_spare(struct sl_zygote *z)
     close_spare(z);
 }
 
+/*
+ * A slot's runs take turns in one network namespace instead of each making its own: creating
+ * and freeing a namespace cost ~0.8 ms of CPU per run here (setup_net, then cleanup_net in a
+ * kernel worker). Threat: a run that leaves state in it for the next run (a socket kept alive
+ * by the kernel after its processes died, a port in TIME_WAIT, traffic counters carrying
+ * bits). A child joins the slot's namespace only when no other run of the slot is alive (the
+ * zygote prepares it with none running) and when everything a run can observe of the
+ * namespace is exactly as it was when the previous child joined it: the sockets in use per
+ * protocol (/proc/net/protocols), the traffic counters of lo and of every protocol (dev, snmp,
+ * snmp6, netstat), and what outlives a socket without any traffic: IPv6 flow labels (they
+ * linger after their socket closed) and IPv6 routes cached by a connect (ipv6_route's use
+ * counts, rt6_stats). Any difference, even a socket the kernel has yet to free: the namespace
+ * is dropped and a fresh one made. zygote.server.Zygote.shared_net is the same in Python.
+ */
+static const char *const NET_FILES[SL_NET_FILES] = {"protocols", "dev", "snmp", "snmp6", "netstat",
+                                                   "ip6_flowlabel", "ipv6_route", "rt6_stats"};
+
+/* The observable state of the slot's network namespace: the files above (opened in it: they
+ * keep showing it), of /proc/net/protocols only the columns that belong to the namespace
+ * (name, size, sockets: its "memory" column is the host's). Kept in z->net_snap (keep: its
+ * length, or -1), or compared with it (1: the same, 0: not, or unreadable). Read a page at a
+ * time into the stack: every page the zygote writes after a fork costs it a page fault. */
+static int net_snapshot(struct sl_zygote *z, int keep)
+{
+    char buf[4096];
+    int len = 0;
+    for (int i = 0; i < SL_NET_FILES; i++) {
+        int fd = z->net_files[i];
+        if (fd < 0)
+            continue; /* a kernel without it (snmp6 without IPv6): absent both times */
+        int col = 0, in_word = 0;
+        ssize_t n = lseek(fd, 0, SEEK_SET); /* a seq file: generated again from the start */
+        while (n >= 0 && (n = read(fd, buf, sizeof buf)) > 0) {
+            int m = (int)n;
+            if (i == 0) { /* protocols: keep 3 columns of each line */
+                int out = 0;
+                for (int k = 0; k < (int)n; k++) {
+                    char ch = buf[k];
+                    if (ch == '\n') {
+                        buf[out++] = ch;
+                        col = in_word = 0;
+                    } else if (ch == ' ') {
+                        in_word = 0;
+                    } else {
+                        if (!in_word && ++col <= 3 && col > 1)
+                            buf[out++] = ' ';
+                        in_word = 1;
+                        if (col <= 3)
+                            buf[out++] = ch;
+                    }
+                }
+                m = out;
+            }
+            if (len + m > (int)sizeof z->net_snap) {
+                n = -1;
+                break;
+            }
+            if (keep)
+                memcpy(z->net_snap + len, buf, (size_t)m);
+            else if (len + m > z->net_snap_len || memcmp(z->net_snap + len, buf, (size_t)m) != 0)
+                n = -1;
+            len += m;
+            if (n < 0)
+                break;
+        }
+        /* Each file ends with a NUL (never in them): no two states read the same. */
+        if (n < 0 || len >= (int)sizeof z->net_snap || (!keep && (len >= z->net_snap_len || z->net_snap[len] != 0)))
+            return keep ? -1 : 0;
+        if (keep)
+            z->net_snap[len] = 0;
+        len++;
+    }
+    return keep ? len : len == z->net_snap_len;
+}
+
+/* Back to the zygote's own namespace; a zygote that cannot return leaves (its slot restarts). */
+static void net_home(const struct sl_zygote *z)
+{
+    if (setns(z->zygote_net, CLONE_NEWNET) < 0)
+        _exit(SETUP_FAILED_EXIT);
+}
+
+/* The namespace the next child joins (see above), or -1: it is cloned into a fresh one. */
+static void drop_net(struct sl_zygote *z)
+{
+    if (z->run_net >= 0)
+        close(z->run_net);
+    z->run_net = -1;
+    for (int i = 0; i < SL_NET_FILES; i++) {
+        if (z->net_files[i] >= 0)
+            close(z->net_files[i]);
+        z->net_files[i] = -1;
+    }
+}
+
+static int shared_net(struct sl_zygote *z)
+{
+    if (z->zygote_net < 0)
+        return -1;
+    if (z->run_net >= 0) {
+        if (net_snapshot(z, 0))
+            return z->run_net;
+        drop_net(z);
+    }
+    /* A fresh one, made from the zygote's own: it gets the small TCP hash (see server.py). */
+    const char *what;
+    if (unshare(CLONE_NEWNET) < 0)
+        return -1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/self/ns/net", z->proc_dir);
+    int n = -1;
+    if (lo_up(&what) == 0 && (z->run_net = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+        for (int i = 0; i < SL_NET_FILES; i++) {
+            snprintf(path, sizeof path, "%s/self/net/%s", z->proc_dir, NET_FILES[i]);
+            z->net_files[i] = open(path, O_RDONLY | O_CLOEXEC);
+        }
+        n = net_snapshot(z, 1);
+    }
+    net_home(z);
+    if (n < 0) {
+        drop_net(z);
+        return -1;
+    }
+    z->net_snap_len = n;
+    return z->run_net;
+}
+
 /* Prepare the next run's child. 1: this is that child, locked down with its request. */
 static int prespawn(struct sl_zygote *z)
 {
@@ -563,8 +728,12 @@ static int prespawn(struct sl_zygote *z)
     struct sl_child c = *z->child;
     c.ctl_fd = sv[1];
     c.parent_fd = sv[0];
+    /* No run of the slot is alive (n_running is 0): the child may join the slot's namespace. */
+    c.net_fd = shared_net(z);
+    c.zygote_net_fd = z->zygote_net;
+    unsigned long flags = c.net_fd >= 0 ? z->clone_flags & ~(unsigned long)CLONE_NEWNET : z->clone_flags;
     call(z->before_fork);
-    long pid = sl_spawn(z->clone_flags, &c, z->child_fds);
+    long pid = sl_spawn(flags, &c, z->child_fds);
     if (pid == 0) {
         call(z->after_fork_child);
         return 1;

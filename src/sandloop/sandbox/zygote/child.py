@@ -31,6 +31,7 @@ from ..protocol import (
 from .program import ProgramRun, RunProgram
 from .syscalls import (
     CLONE_NEWCGROUP,
+    CLONE_NEWNET,
     MNT_DETACH,
     MS_BIND,
     MS_NODEV,
@@ -60,8 +61,9 @@ class FilesError(Exception):
     """A file of the request could not be written, for a reason in FILE_ERRNOS."""
 
 
-def prepare_child(z: Zygote, opts: SpareKey) -> None:
-    """Isolate this fresh child before it knows what it will run."""
+def prepare_child(z: Zygote, opts: SpareKey, net: int) -> None:
+    """Isolate this fresh child before it knows what it will run; ``net``: the slot's network
+    namespace to join (see Zygote.shared_net), or -1 for the fresh one it was cloned into."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle child dies with the zygote
     # /tmp: a fresh bounded tmpfs; /proc: this pid namespace only. /sandbox follows with the
     # request (enter_work_dir).
@@ -80,7 +82,13 @@ def prepare_child(z: Zygote, opts: SpareKey) -> None:
     # Then /proc turns read-only, so that the program cannot write 0 back (see jail.c prepare).
     mount(None, "/proc", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     check(libc.sethostname(b"sandbox", 7), "sethostname")
-    loopback_up()
+    if net < 0:
+        loopback_up()
+    else:
+        check(libc.setns(net, CLONE_NEWNET), "setns(net)")
+        os.close(net)
+    if z.zygote_net >= 0:
+        os.close(z.zygote_net)
     if not z.work_opts:
         # Cloned while the zygote held no session dir, this child can only serve a run without
         # one (the zygote makes a new child for a session run): detach the private area now.

@@ -10,7 +10,7 @@ import ctypes
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import N_RUN_FDS, PRIVATE, SL_MAX_FDS, SL_MAX_RUNNING
+from ..protocol import N_RUN_FDS, PRIVATE, SL_MAX_FDS, SL_MAX_RUNNING, SL_NET_FILES, SL_NET_SNAP
 
 if TYPE_CHECKING:
     from .server import SpareKey, Zygote
@@ -24,6 +24,7 @@ class SlChild(ctypes.Structure):
         ("n_tmp_binds", ctypes.c_int), ("private_dir", ctypes.c_char_p),
         ("uid", ctypes.c_uint), ("gid", ctypes.c_uint),
         ("bpf", ctypes.c_char_p), ("bpf_len", ctypes.c_uint), ("detach_early", ctypes.c_int),
+        ("net_fd", ctypes.c_int), ("zygote_net_fd", ctypes.c_int),
     ]
 
 
@@ -46,6 +47,9 @@ class SlZygote(ctypes.Structure):
         ("key", ctypes.c_char * 128), ("spare_key", ctypes.c_char * 128),
         ("child_fds", ctypes.c_int * N_RUN_FDS),
         ("fast_runs", ctypes.c_ulong),
+        ("zygote_net", ctypes.c_int), ("run_net", ctypes.c_int),
+        ("net_files", ctypes.c_int * SL_NET_FILES), ("net_snap_len", ctypes.c_int),
+        ("net_snap", ctypes.c_char * SL_NET_SNAP),
         ("n_fds", ctypes.c_int), ("fds", ctypes.c_int * SL_MAX_FDS),
         ("msg_len", ctypes.c_int), ("msg", ctypes.c_char * (1 << 16)),
     ]
@@ -95,11 +99,15 @@ class Jail:
         c.detach_early = int(not z.work_opts)
         return c
 
-    def spawn(self, z: Zygote, key: SpareKey, flags: int, ctl: int, parent: int) -> int:
-        """Clone a child that isolates itself in C. Returns the pid in the zygote; in the child,
-        returns 0 once the request has arrived and the child is locked down (see jail.c)."""
+    def spawn(self, z: Zygote, key: SpareKey, flags: int, ctl: int, parent: int,
+              net: int) -> int:
+        """Clone a child that isolates itself in C (joining the network namespace ``net``, or,
+        if -1, bringing up the fresh one ``flags`` give it). Returns the pid in the zygote; in
+        the child, returns 0 once the request has arrived and the child is locked down (see
+        jail.c)."""
         c = self._struct(z, key)
         c.ctl_fd, c.parent_fd = ctl, parent
+        c.net_fd, c.zygote_net_fd = net, z.zygote_net
         ctypes.pythonapi.PyOS_BeforeFork()
         pid = int(self.lib.sl_spawn(ctypes.c_ulong(flags), ctypes.byref(c), self.state.child_fds))
         if pid == 0:

@@ -34,6 +34,8 @@ from ..protocol import (
     PRIVATE,
     SETUP_FAILED_EXIT,
     SL_MAX_RUNNING,
+    SL_NET_FILES,
+    SL_NET_SNAP,
     TOOLS_DIR,
     WORK_DIR,
     Record,
@@ -67,7 +69,10 @@ from .syscalls import (
     check,
     clone_fork,
     libc,
+    loopback_up,
     mount,
+    net_snapshot,
+    open_net_files,
     pivot_root,
     prctl,
     umount,
@@ -112,6 +117,13 @@ class Zygote:
         # (kept copy, path under /tmp); a re-executed zygote gets them from its first stage.
         self.tmp_binds: list[tuple[str, str]] = [
             (a, b) for a, b in config.get("tmp_binds", [])]
+        # The network namespace the slot's runs take turns in (see shared_net): the zygote's
+        # own (to come back to; -1: runs never share one), the runs' (-1: none yet), and what
+        # a run could observe of it when the last child joined it.
+        self.zygote_net = -2  # not opened yet
+        self.run_net = -1
+        self.net_files: list[int] = [-1] * SL_NET_FILES  # its /proc/net files (open_net_files)
+        self.net_snap = b""
 
     # -- one-time setup -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -339,6 +351,11 @@ class Zygote:
         child = jail._struct(self, self.last_key) if self.last_key is not None else None
         z.child = ctypes.addressof(child) if child is not None else None
         z.key = (self.last_key or "").encode()
+        z.zygote_net = self.zygote_net if self.zygote_net >= 0 else -1
+        z.run_net, z.net_snap_len = self.run_net, len(self.net_snap)
+        z.net_files[:] = self.net_files
+        ctypes.memmove(ctypes.addressof(z) + SlZygote.net_snap.offset, self.net_snap,
+                       len(self.net_snap))
         return child  # referenced by the caller while the C loop may use it
 
     def _from_c(self, z: SlZygote, kept: tuple[int, frozenset[str]]) -> None:
@@ -347,6 +364,10 @@ class Zygote:
         the Python loop mounts them)."""
         self.running = {z.run_pid[i]: (z.run_status[i], z.run_pidfd[i])
                         for i in range(z.n_running)}
+        self.run_net = z.run_net  # the C loop may have made a fresh one
+        self.net_files = list(z.net_files)
+        self.net_snap = ctypes.string_at(ctypes.addressof(z) + SlZygote.net_snap.offset,
+                                         z.net_snap_len)
         if z.spare_pid:
             works = kept[1] if z.spare_pid == kept[0] else frozenset(self.work_opts)
             spare = Spare(z.spare_pid, socket.socket(fileno=z.spare_ctl), z.spare_key.decode(),
@@ -504,9 +525,11 @@ class Zygote:
     def spawn(self, key: SpareKey) -> Spare:
         """Clone a child and let it isolate itself; it then waits for its one request."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = CHILD_CLONE_FLAGS
+        # The slot's network namespace only while no run of the slot is alive (see shared_net).
+        net = self.shared_net() if not self.running else -1
+        flags = CHILD_CLONE_FLAGS & ~CLONE_NEWNET if net >= 0 else CHILD_CLONE_FLAGS
         if self.jail is not None:
-            pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno())
+            pid = self.jail.spawn(self, key, flags, child_end.fileno(), parent_end.fileno(), net)
             if pid == 0:  # isolated, requested and locked down in C
                 # jail.c closed both ends (their numbers may be the run's descriptors now):
                 # forget them, or unwinding (RunProgram) would close those.
@@ -521,7 +544,7 @@ class Zygote:
             try:
                 parent_end.close()
                 try:
-                    prepare_child(self, key)
+                    prepare_child(self, key, net)
                 except BaseException as e:  # reported when the zygote waits for readiness
                     with contextlib.suppress(OSError):
                         child_end.send(CTL_FAILED + f"{type(e).__name__}: {e}".encode()[:4000])
@@ -546,6 +569,52 @@ class Zygote:
         except OSError:
             mntns = None
         return Spare(pid, parent_end, key, mntns, pidfd, frozenset(self.work_opts))
+
+    def shared_net(self) -> int:
+        """The network namespace the next child joins, or -1: it is cloned into a fresh one.
+        Only for a child cloned while no run of the slot is alive. jail.c shared_net is the same
+        in C (its comment says why and what is compared)."""
+        if self.zygote_net == -2:
+            try:
+                self.zygote_net = os.open(f"{PRIVATE}/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.zygote_net = -1
+        if self.zygote_net < 0:
+            return -1
+        if self.run_net >= 0:
+            try:
+                if net_snapshot(self.net_files) == self.net_snap:
+                    return self.run_net
+            except OSError:
+                pass
+            self._drop_net()
+        # A fresh one, made from the zygote's own: it gets the small TCP hash (enter_root).
+        if libc.unshare(CLONE_NEWNET) < 0:
+            return -1
+        try:
+            loopback_up()
+            self.run_net = os.open(f"{PRIVATE}/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            self.net_files = open_net_files(f"{PRIVATE}/proc")
+            self.net_snap = net_snapshot(self.net_files)
+            if len(self.net_snap) > SL_NET_SNAP:  # more than jail.c keeps: runs do not share it
+                raise OSError(errno.E2BIG, "network namespace state too large")
+        except OSError:
+            self._drop_net()
+            return -1
+        finally:
+            self._net_home()
+        return self.run_net
+
+    def _drop_net(self) -> None:
+        for fd in (self.run_net, *self.net_files):
+            if fd >= 0:
+                os.close(fd)
+        self.run_net, self.net_files, self.net_snap = -1, [-1] * SL_NET_FILES, b""
+
+    def _net_home(self) -> None:
+        """Back to the zygote's own network namespace; a zygote that cannot return leaves."""
+        if libc.setns(self.zygote_net, CLONE_NEWNET) < 0:
+            os._exit(SETUP_FAILED_EXIT)
 
     def prespawn(self) -> None:
         """Prepare the next run's child while the slot is idle, so a run skips clone + setup."""

@@ -55,6 +55,7 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                         ctypes.c_ulong]
 libc.unshare.argtypes = [ctypes.c_int]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 libc_gil.syscall.restype = ctypes.c_long
 
@@ -122,6 +123,43 @@ def load_seccomp(bpf: bytes) -> None:
     prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
     check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
            "seccomp")
+
+
+# What a run can observe of a network namespace it shares with the slot's other runs (see
+# jail.c shared_net): the sockets in use per protocol and the traffic counters.
+NET_FILES = ("protocols", "dev", "snmp", "snmp6", "netstat", "ip6_flowlabel", "ipv6_route",
+             "rt6_stats")
+
+
+def open_net_files(proc_dir: str) -> list[int]:
+    """The NET_FILES of the current network namespace, open (-1: absent, as snmp6 without
+    IPv6): they keep showing this namespace wherever the zygote goes."""
+    fds: list[int] = []
+    for name in NET_FILES:
+        try:
+            fds.append(os.open(f"{proc_dir}/self/net/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            fds.append(-1)
+    return fds
+
+
+def net_snapshot(files: list[int]) -> bytes:
+    """The observable state of a network namespace (as jail.c net_snapshot) from its NET_FILES
+    (open_net_files), of protocols only the columns that belong to the namespace (name, size,
+    sockets: its "memory" column is the host's)."""
+    parts: list[bytes] = []
+    for i, fd in enumerate(files):
+        if fd < 0:
+            continue
+        os.lseek(fd, 0, os.SEEK_SET)  # a seq file: generated again from the start
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        if i == 0:
+            data = b"".join(b" ".join(line.split()[:3]) + b"\n" for line in data.splitlines())
+        parts.append(data + b"\0")  # NUL ends each file (never in them), as in jail.c
+    return b"".join(parts)
 
 
 def loopback_up() -> None:
