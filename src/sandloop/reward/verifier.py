@@ -113,6 +113,19 @@ _FILES: dict[str, str | bytes] = {
 }
 
 
+# A task's own hash seed (Task.hash_seed): the seed is fixed when an interpreter starts and a
+# run is a fork of its slot's zygote (the environment's seed), so the run re-executes the
+# interpreter with PYTHONHASHSEED set, stdin (the plan) and the result channel (fd 3) carried
+# over, and the harness's stub runs there. Costs one interpreter start (~20 ms) per run.
+_SEEDED = """\
+import os, sys
+os.set_inheritable(3, True)
+_main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sl_main.py")
+os.execve(sys.executable, [sys.executable, "-s", _main],
+          dict(os.environ, PYTHONHASHSEED="{seed}"))
+"""
+
+
 def completion_hash(completion: str) -> str:
     """Content hash of a completion's text (the store key part)."""
     return hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -317,11 +330,16 @@ class Verifier:
         self, task: Task, source: str, cmp: Comparison
     ) -> tuple[list[_Judged], dict[str, float], str | None]:
         plan, limits = self._plan(task)
+        files: dict[str, str | bytes] = {"solution.py": source, **_FILES}
+        main = _STUB
+        if task.hash_seed is not None:
+            files["_sl_main.py"] = _STUB
+            main = _SEEDED.format(seed=int(task.hash_seed))
         program = Program(
             language="python",
-            source=_STUB,
+            source=main,
             stdin=json.dumps(plan, separators=(",", ":")),
-            files={"solution.py": source, **_FILES},
+            files=files,
             environment=task.environment,
         )
         r = await self.run(program, limits)

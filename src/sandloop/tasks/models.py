@@ -128,6 +128,10 @@ class Checker(_Frozen):
 _ENVIRONMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
+# Fields added after v1 tasks were stored: hashed only when set (Task.content_hash).
+_OPTIONAL_IN_HASH = ("environment", "hash_seed")
+
+
 def _hash(data: Any) -> str:
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -160,6 +164,10 @@ class Task(_Frozen):
     environment: str | None = Field(
         None, description="the runtime environment its programs run in: a name or id "
                           "(docs/environments.md); default the language's built-in")
+    hash_seed: int | None = Field(
+        None, ge=0, le=4294967295,
+        description="PYTHONHASHSEED for its Python programs (set iteration order, hash()); "
+                    "default the environment's ([determinism] hash_seed, 0)")
 
     @field_validator("environment")
     @classmethod
@@ -217,9 +225,9 @@ class Task(_Frozen):
 
     def content_hash(self) -> str:
         """Hash of everything that affects scoring (not ``version`` itself). ``environment``
-        counts only when set, so that the versions of tasks stored before the field existed
-        stay what they were."""
-        exclude = {"version"} if self.environment is not None else {"version", "environment"}
+        and ``hash_seed`` count only when set, so that the versions of tasks stored before
+        those fields existed stay what they were."""
+        exclude = {"version"} | {f for f in _OPTIONAL_IN_HASH if getattr(self, f) is None}
         return _hash(self.model_dump(mode="json", exclude=exclude))
 
     @property
