@@ -76,9 +76,9 @@ _HARNESS_HASH = hashlib.sha256((_HARNESS + _VALUES).encode()).hexdigest()[:12]
 
 def _judge_hash() -> str:
     """Hash of the code that judges outside the sandbox (comparison, assembly, verdicts, reward
-    shaping, this module) and that writes the compiled languages' call harness. Stored results are keyed by it, so a fix there (e.g. a comparison
-    that called correct booleans wrong) invalidates the results it would change instead of
-    reusing them forever."""
+    shaping, this module) and of the call harness that compiled languages' function tests
+    run. Stored results are keyed by it, so a fix there (e.g. a comparison that called correct
+    booleans wrong) invalidates the results it would change instead of reusing them forever."""
     here = Path(__file__).parent
     h = hashlib.sha256()
     for name in ("compare.py", "assemble.py", "verdicts.py", "verifier.py", "call_harness.py"):
