@@ -22,7 +22,8 @@ PUBLIC = {
         "SyncSession", "WorkspaceWriteError", "aggregate", "job_key"],
     "sandloop.tasks": [
         "BUILTIN_SETS", "CallTest", "Checker", "Comparison", "FORMATS", "IOTest", "LabelError",
-        "SCHEMA", "ScriptTest", "Task", "TaskFormatError", "TaskLimits", "Test", "detect_format",
+        "SCHEMA", "ScriptTest", "Signature", "Task", "TaskFormatError", "TaskLimits", "Test",
+        "detect_format",
         "load_tasks", "parse_record", "resolve_task"],
     "sandloop.reward": [
         "CompletionResult", "RewardConfig", "Runner", "ScoreSummary", "TestOutcome", "Verdict",

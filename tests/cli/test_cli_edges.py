@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import typer
 
 SANDLOOP = [sys.executable, "-m", "sandloop"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,8 @@ def test_binary_inputs_are_input_errors(tmp_path: Path) -> None:
     (["--time-scale", "nan"], "--time-scale"),
     (["--preload", "nonexistent_module_xyz"], "nonexistent_module_xyz"),
     (["--preload", "os;rm"], "--preload"),
+    # In the supervisor's venv, not in the python environment the slots run on: refused.
+    (["--preload", "pydantic"], "pydantic"),
     (["--k", "10"], "--k 10"),  # two completions per task: pass@10 is undefined
 ])
 def test_score_options_out_of_range(tmp_path: Path, options: list[str], names: str) -> None:
@@ -317,3 +320,13 @@ def test_run_guarded_maps_escaping_errors(capsys: pytest.CaptureFixture[str]) ->
     finally:
         output.state.verbose = False
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_preload_checks_the_environment_not_the_supervisor() -> None:
+    # check_preload asks the python environment's interpreter, isolated: a standard module is
+    # there, sandloop's own dependencies (its venv) are not.
+    from sandloop.cli.options import check_preload
+
+    assert check_preload(["json", "unittest"]) == ["json", "unittest"]
+    with pytest.raises(typer.BadParameter, match="fastapi, pydantic: no such module"):
+        check_preload(["json", "fastapi", "pydantic"])

@@ -3,13 +3,23 @@ their children with a reason, the graph is admitted and journalled as one job.""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from engine_helpers import assert_none_left, sandbox_processes
+from graph_shapes import crash_graph
 from pydantic import ValidationError
 
 from sandloop import Limits, Program, Status
 from sandloop.engine import Engine, Graph, Input, Node, NodeState, ResourceTooLarge
+from sandloop.engine.journal import Journal
+
+HERE = Path(__file__).parent
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -81,6 +91,69 @@ async def test_a_journalled_graph_answers_finished_nodes_after_a_restart(tmp_pat
         again = await e.run_graph(g, key="graph-1")
         assert e.stats.executed == 0 and e.stats.from_journal == 4
     assert again == first
+
+
+async def test_a_graph_is_one_journal_row_holding_its_nodes(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    async with Engine(slots=1, journal=db) as e:
+        await e.run_graph(_setup_then_steps("open('data.txt', 'w').write('7')"), key="g1")
+    with Journal(db) as j:
+        assert j.counts() == {}  # no per-node job rows
+        entry = j.find_graph("default", "g1")
+        assert entry is not None and entry.done
+        assert sorted(entry.nodes) == ["double", "report", "setup", "triple"]
+        assert entry.nodes["double"].stdout == "14\n" and j.pending_graphs() == []
+
+
+async def test_a_graph_key_reused_for_another_graph_is_refused(tmp_path: Path) -> None:
+    from sandloop.engine import IdempotencyConflict
+
+    async with Engine(slots=1, journal=tmp_path / "j.db") as e:
+        await e.run_graph(_setup_then_steps("open('data.txt', 'w').write('7')"), key="g")
+        with pytest.raises(IdempotencyConflict):
+            await e.run_graph(_setup_then_steps("open('data.txt', 'w').write('8')"), key="g")
+
+
+async def test_crash_mid_graph_then_rerun_recomputes_nothing_finished(tmp_path: Path) -> None:
+    before = sandbox_processes()
+    db = tmp_path / "crash.db"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen([sys.executable, str(HERE / "graph_crash_child.py"), str(db)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    recorded: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and child.poll() is None:
+            if db.exists():
+                with Journal(db) as j:
+                    entry = j.find_graph("default", "crash-graph")
+                if entry is not None and {"a", "b", "c"} <= set(entry.nodes):
+                    recorded = {k: r.stdout for k, r in entry.nodes.items()}
+                    break
+            time.sleep(0.05)
+        assert child.poll() is None and recorded, child.stderr.read() if child.stderr else ""
+        os.kill(child.pid, signal.SIGKILL)  # mid-graph: 'slow' is running, nothing cleaned up
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "slow" not in recorded
+    assert_none_left(before)  # its fork-servers and runs died with it
+
+    async with Engine(slots=2, journal=db) as e:
+        got = [x async for x in e.resume_graphs()]
+        assert [k for k, _ in got] == ["crash-graph"]
+        g = got[0][1]
+        # Only 'slow' ran again; the finished nodes are the crashed run's own results.
+        assert e.stats.executed == 1 and e.stats.from_journal == 3
+        assert {k: n.result.stdout for k, n in g.nodes.items() if n.result and k != "slow"
+                } == recorded
+        assert g.ok
+        again = await e.run_graph(crash_graph(), key="crash-graph")
+        assert again == g and e.stats.executed == 1  # a final row answers it whole
+    with Journal(db) as j:
+        assert j.pending_graphs() == []
 
 
 async def test_a_parents_output_can_be_a_childs_file(engine: Engine) -> None:

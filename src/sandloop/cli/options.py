@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -40,36 +39,27 @@ def positive(value: float | None) -> float | None:
 
 def check_preload(modules: list[str] | None) -> list[str] | None:
     """Callback: every ``--preload`` module must be importable by the interpreter that runs
-    Python programs (``$SANDLOOP_PYTHON`` or sandloop's own): else every slot would fail to
-    start, which would surface as sandbox errors on every run."""
+    Python programs, the default ``python`` environment's (not sandloop's own, whose
+    virtualenv the sandbox does not see): else every slot would fail to start, which would
+    surface as sandbox errors on every run."""
     if not modules:
         return modules
     for m in modules:
         if not _MODULE.fullmatch(m):
             raise typer.BadParameter(f"{m!r} is not a module name (like unittest or numpy.linalg)")
-    python = os.environ.get("SANDLOOP_PYTHON") or sys.executable
-    probe = ("import importlib.util, sys\n"
-             "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]\n"
-             "print(' '.join(missing))")
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        import importlib.util
+    from sandloop.envs import EnvStore
+    from sandloop.errors import EnvError
 
-        def found(m: str) -> bool:
-            try:
-                return importlib.util.find_spec(m) is not None
-            except (ImportError, ValueError):  # a parent package that is not one
-                return False
-
-        missing = [m for m in modules if not found(m)]
-    else:
-        try:
-            r = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True,
-                               timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise typer.BadParameter(f"cannot run {python} to check the modules: {e}") from None
-        missing = r.stdout.split() if r.returncode == 0 else list(modules)
+    try:
+        env = EnvStore().ensure("python").environment()
+        missing = env.missing_modules(modules)
+    except (EnvError, OSError, subprocess.SubprocessError) as e:
+        raise typer.BadParameter(f"cannot check the modules in the python environment: {e}"
+                                 ) from None
     if missing:
-        raise typer.BadParameter(f"{', '.join(missing)}: no such module for {python}")
+        raise typer.BadParameter(f"{', '.join(missing)}: no such module in the python "
+                                 "environment (docs/environments.md: add it to a spec's "
+                                 "[python] packages)")
     return modules
 
 

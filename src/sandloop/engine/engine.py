@@ -300,6 +300,9 @@ class Engine:
         self._buckets: dict[str, TokenBucket] = {}
         # Idempotency keys are scoped by client: (client, key) -> the job answering it.
         self._inflight: dict[tuple[str, str], _Job] = {}
+        # Graphs by (client, key): their content digest and the result their joiners await.
+        self._graphs_inflight: dict[tuple[str, str],
+                                    tuple[str, asyncio.Future[GraphResult]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._room: deque[asyncio.Future[None]] = deque()
         self._sessions: dict[str, Session] = {}
@@ -706,28 +709,119 @@ class Engine:
 
         The graph is one job: every node is admitted before any runs (one that could never
         run raises ResourceTooLarge for the whole graph), all run at the graph's priority
-        and client, and with a journal (or a ``key``) each node's key derives from the
-        graph's (``<graph key>/<node id>``, default key: a hash of the graph), so a graph
-        submitted again after a crash answers its finished nodes from the journal and runs
-        only the rest. ``timeout_s`` bounds the whole graph (DeadlineExceeded).
+        and client, and with a journal it is one journal row (``key``, default a hash of the
+        graph; bound to the graph's content like a job's key) holding each node's result as
+        it finishes. Submitted again after a crash, the graph answers its finished nodes from
+        that row and runs only the rest (a node whose run failed for the infrastructure's
+        reasons is not recorded, so it runs again); once no node failed so, the row is final
+        and answers the whole graph. The same key in flight twice runs once.
+        ``timeout_s`` bounds the whole graph (DeadlineExceeded).
         """
         self._check_open()
         for n in graph.nodes:  # admission of the whole graph before anything runs
             self._make_job(n.program, n.limits, priority, client, None, None, journaled=False)
-        base = key
-        if base is None and self.journal is not None:
-            base = "g:" + hashlib.sha256(graph.model_dump_json().encode()).hexdigest()
+        if key is None and self.journal is None:
+            return await self._graph(graph, priority, client, None, timeout_s, {})
+        text = graph.model_dump_json()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        scoped = (client, key if key is not None else "g:" + digest)
+        same = self._graphs_inflight.get(scoped)
+        if same is not None:
+            if same[0] != digest:
+                raise IdempotencyConflict(*scoped)
+            return await asyncio.shield(same[1])
+        assert self._loop is not None
+        fut: asyncio.Future[GraphResult] = self._loop.create_future()
+        self._graphs_inflight[scoped] = (digest, fut)
+        try:
+            result = await self._journalled_graph(graph, text, digest, scoped, priority,
+                                                  timeout_s)
+        except BaseException as e:
+            if not fut.done():
+                if isinstance(e, asyncio.CancelledError):
+                    fut.cancel()
+                else:
+                    fut.set_exception(e)
+                    fut.exception()  # retrieved: only joiners (if any) re-raise it
+            raise
+        else:
+            fut.set_result(result)
+            return result
+        finally:
+            self._graphs_inflight.pop(scoped, None)
+
+    async def _journalled_graph(self, graph: Graph, text: str, digest: str,
+                                scoped: tuple[str, str], priority: int | str,
+                                timeout_s: float | None) -> GraphResult:
+        finished: dict[str, ExecResult] = {}
+        journal = self.journal
+        if journal is not None:
+            entry = await asyncio.to_thread(journal.find_graph, *scoped)
+            if entry is not None:
+                if entry.digest != digest:
+                    raise IdempotencyConflict(*scoped)
+                finished = entry.nodes
+                if entry.done:
+                    self.stats.from_journal += len(finished)
+                    return await execute_nodes(graph, _answer(finished))
+            else:
+                await asyncio.to_thread(journal.graph_submitted, *scoped, _priority(priority),
+                                        text, digest)
+        result = await self._graph(graph, priority, scoped[0], scoped, timeout_s, finished)
+        if journal is not None and not any(
+                (n.result is not None and n.result.status is Status.SANDBOX_ERROR)
+                or n.cause is Status.SANDBOX_ERROR for n in result.nodes.values()):
+            await asyncio.to_thread(journal.graph_done, *scoped)
+        return result
+
+    async def _graph(self, graph: Graph, priority: int | str, client: str,
+                     scoped: tuple[str, str] | None, timeout_s: float | None,
+                     finished: dict[str, ExecResult]) -> GraphResult:
+        """Run the nodes not in ``finished`` as unjournaled jobs (the graph's row journals
+        them), recording each result in the row (when ``scoped`` and a journal are given)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        journal = self.journal if scoped is not None else None
 
         async def run(node: Node, program: Program) -> ExecResult:
+            done = finished.get(node.id)
+            if done is not None:
+                self.stats.from_journal += 1
+                return done
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise DeadlineExceeded(f"the graph's timeout_s={timeout_s} passed")
-            return await self.run(program, node.limits, priority=priority, client=client,
-                                  key=None if base is None else f"{base}/{node.id}",
-                                  timeout_s=left)
+            job = self._make_job(program, node.limits, priority, client, None, left,
+                                 journaled=False)
+            r = await self._await_job(await self._submit(job, True))
+            if journal is not None and scoped is not None and r.status is not Status.SANDBOX_ERROR:
+                # Before the node's children start: a crash after this point never reruns it.
+                await asyncio.to_thread(journal.graph_node, *scoped, node.id, r)
+            return r
 
         return await execute_nodes(graph, run)
+
+    async def resume_graphs(self, *, priority: int | str | None = None,
+                            ) -> AsyncIterator[tuple[str, GraphResult]]:
+        """Run again every graph the journal holds as submitted but unfinished (after a
+        crash): only their unfinished nodes run. Yields ``(key, result)`` as each ends."""
+        self._check_open()
+        if self.journal is None:
+            raise RuntimeError("resume_graphs() needs a journal: Engine(journal=path)")
+        pending = await asyncio.to_thread(self.journal.pending_graphs)
+        tasks = {asyncio.ensure_future(self.run_graph(
+            Graph.model_validate_json(p.graph),
+            priority=p.priority if priority is None else priority, client=p.client,
+            key=p.key)): p.key for p in pending}
+        remaining = set(tasks)
+        try:
+            while remaining:
+                done, remaining = await asyncio.wait(remaining,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    yield tasks[t], t.result()
+        finally:
+            for t in remaining:
+                t.cancel()
 
     def graph_runner(self, *, priority: int | str = 0, client: str = "default",
                      ) -> Callable[[Graph], Awaitable[GraphResult]]:
@@ -1048,6 +1142,16 @@ async def _aiter(items: Iterable[ProgramItem] | AsyncIterable[ProgramItem],
     else:
         for x in items:
             yield x
+
+
+def _answer(finished: dict[str, ExecResult]) -> Callable[[Node, Program],
+                                                        Awaitable[ExecResult]]:
+    """A node runner that answers every node from a final graph row."""
+
+    async def run(node: Node, program: Program) -> ExecResult:
+        return finished[node.id]
+
+    return run
 
 
 class _JournalWriter:

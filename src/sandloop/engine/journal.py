@@ -8,23 +8,31 @@ program is detected instead of answered with the other program's result. A job i
 the caller. After a crash, ``done`` jobs are answered from here (never recomputed) and
 ``pending`` ones are the jobs to run again. Infrastructure failures (``sandbox_error``) stay
 ``pending``: the run did not happen, so a later attempt must make it.
+
+A job graph (``Engine.run_graph``) is one row of its own table, keyed like a job: the graph,
+and its nodes' results inside the row as each node finishes. A graph submitted again after a
+crash runs only the nodes the row does not hold; once every node ended without an
+infrastructure failure the row is ``done`` and the whole result answers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.store.sqlite import open_wal
 
-__all__ = ["Journal", "JournalEntry", "JournalError", "PendingJob", "content_digest", "job_key"]
+__all__ = ["GraphEntry", "Journal", "JournalEntry", "JournalError", "PendingGraph", "PendingJob",
+           "content_digest", "job_key"]
 
 # 2: keys scoped per client (primary key (client, key)) and bound to the job's content digest.
 SCHEMA_VERSION = 2
@@ -47,7 +55,21 @@ CREATE TABLE IF NOT EXISTS engine_jobs (
     PRIMARY KEY (client, key)
 );
 CREATE INDEX IF NOT EXISTS engine_jobs_pending ON engine_jobs (state) WHERE state = 'pending';
+CREATE TABLE IF NOT EXISTS engine_graphs (
+    client TEXT NOT NULL,
+    key TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'done')),
+    priority INTEGER NOT NULL,
+    graph TEXT NOT NULL,
+    nodes TEXT NOT NULL DEFAULT '{}',
+    submitted_at REAL NOT NULL,
+    finished_at REAL,
+    PRIMARY KEY (client, key)
+);
 """
+# The graph table joined schema 2 as a table of its own: a journal written before it gains
+# it on open, and nothing of the jobs' table changed.
 
 
 class JournalError(EngineError, RuntimeError):
@@ -90,6 +112,39 @@ class JournalEntry:
 
     digest: str
     result: ExecResult | None
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """What the journal holds for one graph: its digest, whether every node is final, and the
+    results of the nodes that finished (by node id)."""
+
+    digest: str
+    done: bool
+    nodes: dict[str, ExecResult]
+
+
+@dataclass(frozen=True)
+class PendingGraph:
+    """A graph recorded as submitted but not finished (to run again after a restart)."""
+
+    key: str
+    client: str
+    priority: int
+    graph: str  # its JSON form (sandloop.sandbox.graph.Graph)
+    digest: str
+
+
+def _node_json(result: ExecResult) -> dict[str, Any]:
+    # A node's result with its channel (excluded from ExecResult's JSON form) alongside.
+    return {"result": result.model_dump(mode="json"),
+            "channel": None if result.channel is None else result.channel.hex()}
+
+
+def _node_result(data: dict[str, Any]) -> ExecResult:
+    r = ExecResult.model_validate(data["result"])
+    channel = data.get("channel")
+    return r if channel is None else r.model_copy(update={"channel": bytes.fromhex(channel)})
 
 
 def _encode_result(result: ExecResult) -> tuple[str, bytes | None]:
@@ -193,6 +248,69 @@ class Journal:
                     self._db.executemany(
                         "UPDATE engine_jobs SET state='done', result=?, channel=?, finished_at=? "
                         "WHERE client=? AND key=? AND state='pending'", fin)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # -- graphs (one row each) ------------------------------------------------------------------
+    def find_graph(self, client: str, key: str) -> GraphEntry | None:
+        """The row of ``client``'s graph ``key``, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT digest, state, nodes FROM engine_graphs WHERE client=? AND key=?",
+                (client, key)).fetchone()
+        if row is None:
+            return None
+        digest, state, nodes = row
+        return GraphEntry(str(digest), state == "done",
+                          {k: _node_result(v) for k, v in json.loads(nodes).items()})
+
+    def pending_graphs(self) -> list[PendingGraph]:
+        """Graphs submitted but not finished, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key, client, priority, graph, digest FROM engine_graphs"
+                " WHERE state='pending' ORDER BY submitted_at, rowid").fetchall()
+        return [PendingGraph(k, c, int(p), g, str(d)) for k, c, p, g, d in rows]
+
+    def graph_submitted(self, client: str, key: str, priority: int, graph: str,
+                        digest: str) -> None:
+        """Record a graph as submitted (ignored if the client's key exists)."""
+        self._commit("INSERT OR IGNORE INTO engine_graphs (client, key, digest, state, priority,"
+                     " graph, submitted_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+                     (client, key, digest, priority, graph, time.time()))
+
+    def graph_node(self, client: str, key: str, node: str, result: ExecResult) -> None:
+        """Add one finished node's result to its graph's row (read and rewritten inside one
+        write transaction: nodes finishing together lose nothing)."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                row = self._db.execute(
+                    "SELECT nodes FROM engine_graphs WHERE client=? AND key=? AND "
+                    "state='pending'", (client, key)).fetchone()
+                if row is not None:
+                    nodes = json.loads(row[0])
+                    nodes[node] = _node_json(result)
+                    self._db.execute(
+                        "UPDATE engine_graphs SET nodes=? WHERE client=? AND key=?",
+                        (json.dumps(nodes, separators=(",", ":")), client, key))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def graph_done(self, client: str, key: str) -> None:
+        """Mark the graph final: from now on its row answers it whole."""
+        self._commit("UPDATE engine_graphs SET state='done', finished_at=? "
+                     "WHERE client=? AND key=?", (time.time(), client, key))
+
+    def _commit(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(sql, args)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

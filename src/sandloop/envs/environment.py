@@ -9,7 +9,9 @@ run gets (determinism settings first). See docs/environments.md, "Mounting an en
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +67,30 @@ class Environment:
         HOME, ...): the spec's [env], then the determinism settings (which win).
         ``hash_seed`` overrides the spec's PYTHONHASHSEED (a seed per task)."""
         return {**self.extra_env, **self.determinism.env_vars(hash_seed)}
+
+    def missing_modules(self, modules: Sequence[str]) -> list[str]:
+        """The ``modules`` that this environment's interpreter cannot find: the ones a sandboxed
+        program (or a slot's preload) could not import. Asked of the tree's interpreter run
+        isolated (``-I``, a clean environment), never of the supervisor's, whose virtualenv
+        the sandbox does not see. An environment without Python has none of them."""
+        exe = self.host_python
+        if exe is None:
+            return list(modules)
+        probe = ("import importlib.util, json, sys\n"
+                 "def found(m):\n"
+                 "    try:\n"
+                 "        return importlib.util.find_spec(m) is not None\n"
+                 "    except (ImportError, ValueError):\n"
+                 "        return False\n"
+                 "print(json.dumps([m for m in sys.argv[1:] if not found(m)]))")
+        r = subprocess.run([str(exe), "-I", "-c", probe, *modules], capture_output=True,
+                           text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
+        if r.returncode != 0:
+            raise OSError(f"the interpreter of environment {self.name} ({exe}) does not start: "
+                          f"{r.stderr.strip()[-500:]}")
+        missing: list[str] = json.loads(r.stdout)
+        return missing
 
     def search_path(self, host_path: str) -> str:
         """PATH inside the sandbox: the environment's bin directories, then ``host_path``

@@ -7,6 +7,8 @@ Rules (documented in docs/rewards.md):
   starter code (HumanEval: it is appended to the prompt). One that does define it is used as is,
   after the starter code when that code is complete on its own (so the prompt's imports and helper
   functions stay available; the completion's definition replaces the stub).
+* In Java, Go, Rust and TypeScript the completion is the whole file (for function tasks, the
+  file that defines the entry point; reward/call_harness.py).
 * Nothing usable (empty, or whitespace only) is a format error.
 """
 
@@ -102,7 +104,9 @@ def assemble(task: Task, completion: str) -> Assembled:
     if not code.strip():
         return Assembled(source="", how="program", fenced=fenced,
                          format_error="the completion contains no code")
-    if task.test_kind == "stdio" or not task.entry_point:
+    if task.test_kind == "stdio" or not task.entry_point or task.language != "python":
+        # Java, Go, Rust and TypeScript function tasks: the completion is the whole file that
+        # defines the entry point (the harness is compiled next to it).
         return Assembled(source=code, how="program", fenced=fenced)
     starter = task.starter_code
     if defines(code, task.entry_point):

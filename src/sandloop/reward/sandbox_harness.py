@@ -400,11 +400,18 @@ class Driver:
         os.set_inheritable(fd, True)
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
         try:
+            # The replacement keeps the run's hash seed (a set's order must not change after a
+            # timed-out test), so not -I, whose -E drops PYTHONHASHSEED; -s -P keep the rest
+            # of its isolation, and its environment holds nothing else of ours.
+            env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+            seed = os.environ.get("PYTHONHASHSEED")
+            if seed is not None:
+                env["PYTHONHASHSEED"] = seed
             pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), "--worker", str(fd),
-                 self.solution],
-                {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+                [sys.executable, "-s", "-P", "-S", os.path.abspath(__file__), "--worker",
+                 str(fd), self.solution],
+                env,
                 file_actions=actions,
             )
         finally:

@@ -5,7 +5,10 @@ harness in :mod:`sandloop.reward.sandbox_harness` (per-test time limits inside).
 program outputs come back on the result channel (fd 3) and are compared here, outside the sandbox;
 exit codes and printed text are never evidence. Other languages' stdin/stdout tests run as a job
 graph: ``compile -> [test 1..n]`` for compiled languages (compile once, one sandbox run per test
-on a copy of the artifact), ``[test 1..n]`` otherwise. Custom checkers run in their own sandbox runs.
+on a copy of the artifact), ``[test 1..n]`` otherwise. Java, Go, Rust and TypeScript
+function-call tests are a graph too: the completion and a generated harness
+(:mod:`sandloop.reward.call_harness`) compiled once, then one run per test, its typed return
+value on the result channel. Custom checkers run in their own sandbox runs.
 
 A ``sandbox_error`` (the infrastructure's failure) gives the affected tests the ``sandbox_error``
 verdict and the reward ``None`` with the reason. The verifier only classifies: retrying is the
@@ -28,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandloop.reward.assemble import assemble
+from sandloop.reward.call_harness import call_harness
 from sandloop.reward.compare import output_equal, values_equal
 from sandloop.reward.verdicts import (
     RewardConfig,
@@ -72,12 +76,12 @@ _HARNESS_HASH = hashlib.sha256((_HARNESS + _VALUES).encode()).hexdigest()[:12]
 
 def _judge_hash() -> str:
     """Hash of the code that judges outside the sandbox (comparison, assembly, verdicts, reward
-    shaping, this module). Stored results are keyed by it, so a fix there (e.g. a comparison
-    that called correct booleans wrong) invalidates the results it would change instead of
-    reusing them forever."""
+    shaping, this module) and of the call harness that compiled languages' function tests
+    run. Stored results are keyed by it, so a fix there (e.g. a comparison that called correct
+    booleans wrong) invalidates the results it would change instead of reusing them forever."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for name in ("compare.py", "assemble.py", "verdicts.py", "verifier.py"):
+    for name in ("compare.py", "assemble.py", "verdicts.py", "verifier.py", "call_harness.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:12]
 
@@ -111,6 +115,19 @@ _FILES: dict[str, str | bytes] = {
     "_sl_values.py": _VALUES,
     "_sl_values.pyc": marshal.dumps(compile(_VALUES, "_sl_values.py", "exec")),
 }
+
+
+# A task's own hash seed (Task.hash_seed): the seed is fixed when an interpreter starts and a
+# run is a fork of its slot's zygote (the environment's seed), so the run re-executes the
+# interpreter with PYTHONHASHSEED set, stdin (the plan) and the result channel (fd 3) carried
+# over, and the harness's stub runs there. Costs one interpreter start (~20 ms) per run.
+_SEEDED = """\
+import os, sys
+os.set_inheritable(3, True)
+_main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sl_main.py")
+os.execve(sys.executable, [sys.executable, "-s", _main],
+          dict(os.environ, PYTHONHASHSEED="{seed}"))
+"""
 
 
 def completion_hash(completion: str) -> str:
@@ -243,9 +260,11 @@ class Verifier:
                 for t in task.tests
             ]
         else:
+            checked: dict[str, ExecResult] = {}
             if task.language == "python":
                 judged, timings, env_id = await self._verify_harness(task, asm.source, cmp)
-                checked: dict[str, ExecResult] = {}
+            elif task.test_kind == "function":
+                judged, timings, env_id = await self._verify_calls(task, asm.source, cmp)
             else:
                 judged, timings, checked, env_id = await self._verify_per_test(
                     task, asm.source, cmp)
@@ -317,11 +336,16 @@ class Verifier:
         self, task: Task, source: str, cmp: Comparison
     ) -> tuple[list[_Judged], dict[str, float], str | None]:
         plan, limits = self._plan(task)
+        files: dict[str, str | bytes] = {"solution.py": source, **_FILES}
+        main = _STUB
+        if task.hash_seed is not None:
+            files["_sl_main.py"] = _STUB
+            main = _SEEDED.format(seed=int(task.hash_seed))
         program = Program(
             language="python",
-            source=_STUB,
+            source=main,
             stdin=json.dumps(plan, separators=(",", ":")),
-            files={"solution.py": source, **_FILES},
+            files=files,
             environment=task.environment,
         )
         r = await self.run(program, limits)
@@ -428,6 +452,83 @@ class Verifier:
         env_id = next((r.environment for r in runs if r.environment), None)
         return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked, env_id
 
+    # -- java, go, rust, typescript function calls: compile the harness once, a run per test --
+
+    async def _verify_calls(
+        self, task: Task, source: str, cmp: Comparison
+    ) -> tuple[list[_Judged], dict[str, float], str | None]:
+        """``compile -> [call 1..n]``: the completion and a generated harness
+        (reward/call_harness.py) compiled once; each test a run of the artifact with its index
+        as argv, whose typed return value comes back on the result channel."""
+        sig = task.signature
+        assert sig is not None and task.entry_point is not None  # Task checks both
+        tests = [t for t in task.tests if isinstance(t, CallTest)]
+        harness = call_harness(task.language, source, task.entry_point, sig.params,
+                               sig.returns, [t.args for t in tests])
+        per_test = task.limits.time_s * self.time_scale
+        limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
+        spec = spec_for(task.language, limits=limits, sources=harness.sources)
+        compile_node = Node(
+            id=_COMPILE_NODE, limits=_compile_limits(limits),
+            program=Program(language="bash", source=spec.compile_script(),
+                            files={**harness.files, **spec.compile_files},
+                            collect=[spec.binary], environment=task.environment))
+        artifact = (Input(node=_COMPILE_NODE, file=spec.binary),)
+        graph = Graph(nodes=(compile_node, *(
+            Node(id=_test_node(i), inputs=artifact, limits=limits,
+                 program=Program(language="bash", environment=task.environment,
+                                 source=harness.run_prefix + spec_for(
+                                     task.language, argv=(str(i),), limits=limits).run_script()))
+            for i in range(len(tests)))))
+        done = await self.graph(graph)
+        compiled = done[_COMPILE_NODE]
+        if not compiled.ok:
+            failed = self._compile_failure(compiled, limits)
+            return self._all_failed(task, tests, failed), {
+                "sandbox_wall_s": round(failed.wall_time_s, 6)}, failed.environment
+        outcomes: list[_Judged] = []
+        wall = compiled.result.wall_time_s if compiled.result is not None else 0.0
+        env_id: str | None = None
+        for i, t in enumerate(tests):
+            node = done[_test_node(i)]
+            r = node.result if node.result is not None else ExecResult(
+                status=node.cause or Status.SANDBOX_ERROR, error=node.reason)
+            wall += r.wall_time_s
+            env_id = env_id or r.environment
+            outcomes.append((self._judge_call(task, t, r, cmp), None))
+        return outcomes, {"sandbox_wall_s": round(wall, 6)}, env_id
+
+    @staticmethod
+    def _judge_call(task: Task, test: CallTest, r: ExecResult, cmp: Comparison) -> TestOutcome:
+        def out(v: Verdict, detail: str | None = None) -> TestOutcome:
+            return TestOutcome(name=test.name, verdict=v, hidden=task.is_hidden(test.name),
+                               weight=test.weight, time_s=r.wall_time_s,
+                               detail=detail[:500] if detail else None)
+
+        if r.status is not Status.OK:
+            v = (Verdict.RUNTIME_ERROR if r.status is Status.OUTPUT_LIMIT
+                 else _missing_verdict(r))
+            return out(v, r.error or r.stderr[-300:] or r.status.value)
+        # The last record counts: the harness writes it after the call returned.
+        value: Any = _NO_VALUE
+        for line in (r.channel or b"").split(b"\n"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "value" in rec:
+                value = rec["value"]
+        if value is _NO_VALUE:
+            return out(Verdict.RUNTIME_ERROR, "the call returned no value")
+        try:
+            actual = decode(value)
+        except ValueCodecError as e:
+            return out(Verdict.RUNTIME_ERROR, f"malformed value: {e}")
+        ok = values_equal(decode(test.expected), actual, cmp.values, rel_tol=cmp.rel_tol,
+                          abs_tol=cmp.abs_tol)
+        return out(Verdict.PASSED) if ok else out(Verdict.WRONG_ANSWER,
+                                                   f"returned {_short(actual)}")
+
     async def graph(self, graph: Graph) -> GraphResult:
         """Run a job graph: through the graph runner given (the engine's, which admits and
         journals it as one job), else node by node through ``run``."""
@@ -451,14 +552,8 @@ class Verifier:
                                                        stdin=t.stdin, environment=environment),
                      limits=limits)
                 for i, t in enumerate(tests)))
-        compile_limits = Limits(
-            time_s=limits.compile_time_limit_s, memory_mb=limits.compile_memory_limit_mb,
-            max_processes=max(64, limits.max_processes),
-            workdir_mb=limits.compile_workdir_limit_mb,
-            workdir_inodes=limits.compile_workdir_inodes,
-            stdout_bytes=limits.compile_output_mb << 20, stderr_bytes=1 << 16)
         compile_node = Node(
-            id=_COMPILE_NODE, limits=compile_limits,
+            id=_COMPILE_NODE, limits=_compile_limits(limits),
             program=Program(language="bash", source=spec.compile_script(),
                             files={spec.main_file: source, **spec.compile_files},
                             collect=[spec.binary], environment=environment))
@@ -482,7 +577,7 @@ class Verifier:
                                     "stderr": r.stderr or "the compiler produced no program"})
 
     @staticmethod
-    def _all_failed(task: Task, tests: Sequence[IOTest], r: ExecResult) -> list[_Judged]:
+    def _all_failed(task: Task, tests: Sequence[CallTest | IOTest], r: ExecResult) -> list[_Judged]:
         verdict = _missing_verdict(r)
         detail = (r.error or r.stderr[-300:] or r.status.value)[:500]
         return [(TestOutcome(name=t.name, verdict=verdict, hidden=task.is_hidden(t.name),
@@ -545,6 +640,17 @@ class Verifier:
 
 
 _COMPILE_NODE = "compile"
+_NO_VALUE = object()
+
+
+def _compile_limits(limits: Limits) -> Limits:
+    """The compile run's limits, derived from the test runs' (``Limits.compile_*``)."""
+    return Limits(
+        time_s=limits.compile_time_limit_s, memory_mb=limits.compile_memory_limit_mb,
+        max_processes=max(64, limits.max_processes),
+        workdir_mb=limits.compile_workdir_limit_mb,
+        workdir_inodes=limits.compile_workdir_inodes,
+        stdout_bytes=limits.compile_output_mb << 20, stderr_bytes=1 << 16)
 
 
 def _test_node(i: int) -> str:

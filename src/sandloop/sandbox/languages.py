@@ -156,13 +156,15 @@ _TSC_OPTIONS = ("--target", "es2020", "--module", "commonjs", "--lib", "es2020",
 
 
 def spec_for(language: str, argv: tuple[str, ...] = (), main_dir: str = WORK_DIR,
-             limits: Limits | None = None) -> LanguageSpec:
+             limits: Limits | None = None, sources: tuple[str, ...] = ()) -> LanguageSpec:
     """The compile and run steps for ``language``; ``argv`` is passed to the program.
 
     ``main_dir`` is where the program's own file (source or binary) lives during the run step:
     the work dir, or ``/tmp`` for runs in a workspace, whose files must stay the user's own.
     Compilation always happens in a fresh work dir. ``limits`` sizes the runtimes that size
-    themselves (the JVM's heap, Go's scheduler and GC); default: ``Limits()``.
+    themselves (the JVM's heap, Go's scheduler and GC); default: ``Limits()``. ``sources``
+    names further files of a Go program, built with the main file (the verifier's
+    function-call harness: ``main.go`` and the completion's ``solution.go``).
     """
     lang = canonical_language(language)
     limits = limits or Limits()
@@ -211,7 +213,8 @@ def spec_for(language: str, argv: tuple[str, ...] = (), main_dir: str = WORK_DIR
         build_env = {"GO111MODULE": "off", "CGO_ENABLED": "0", "GOFLAGS": "",
                      "GOTOOLCHAIN": "local", "GOTELEMETRY": "off", "GOMAXPROCS": "1"}
         script = (f'export GOCACHE="$PWD/{BUILD_DIR}/cache" GOPATH="$PWD/{BUILD_DIR}/path"\n'
-                  f"exec {_exe('go')} build -ldflags '-s -w' -o {w}/main {w}/main.go\n")
+                  f"exec {_exe('go')} build -ldflags '-s -w' -o {w}/main {w}/main.go"
+                  + "".join(f" {w}/{shlex.quote(f)}" for f in sources) + "\n")
         # The scheduler sized to the CPU quota, not the host's cores; the GC works harder as
         # the heap nears the cgroup's limit (a soft limit: live data beyond it is still
         # killed by the cgroup, as memory_limit).

@@ -14,6 +14,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandloop.tasks.signature import (
+    INT_RANGE,
+    SAFE_INT_RANGE,
+    SignatureError,
+    check_value,
+    parse_type,
+)
 from sandloop.tasks.values import ValueCodecError, validate_encoded
 
 SCHEMA = "sandloop.task/v1"
@@ -21,6 +28,8 @@ SCHEMA = "sandloop.task/v1"
 TestKind = Literal["function", "stdio", "script"]
 Split = Literal["train", "eval"]
 LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust", "typescript")
+# Languages whose function-call tests go through a typed signature (tasks/signature.py).
+TYPED_CALL_LANGUAGES = ("java", "go", "rust", "typescript")
 
 
 class _Frozen(BaseModel):
@@ -124,8 +133,41 @@ class Checker(_Frozen):
     source: str
 
 
+class Signature(_Frozen):
+    """The entry point's parameter and return types, for function-call tests in Java, Go, Rust
+    and TypeScript: ``int``, ``float``, ``bool``, ``str`` or ``list[T]`` each
+    (:mod:`sandloop.tasks.signature`; docs/tasks.md has each language's mapping)."""
+
+    params: tuple[str, ...] = ()
+    returns: str
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for t in v:
+            try:
+                parse_type(t)
+            except SignatureError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("returns")
+    @classmethod
+    def _returns(cls, v: str) -> str:
+        try:
+            parse_type(v)
+        except SignatureError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
 # An environment's name or id (envs.spec.NAME_RE; that layer is above this one).
 _ENVIRONMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+# Fields added after v1 tasks were stored: hashed only when set (Task.content_hash).
+_OPTIONAL_IN_HASH = ("environment", "hash_seed", "signature")
 
 
 def _hash(data: Any) -> str:
@@ -160,6 +202,13 @@ class Task(_Frozen):
     environment: str | None = Field(
         None, description="the runtime environment its programs run in: a name or id "
                           "(docs/environments.md); default the language's built-in")
+    signature: Signature | None = Field(
+        None, description="entry point's types, for function tests in java, go, rust, "
+                          "typescript")
+    hash_seed: int | None = Field(
+        None, ge=0, le=4294967295,
+        description="PYTHONHASHSEED for its Python programs (set iteration order, hash()); "
+                    "default the environment's ([determinism] hash_seed, 0)")
 
     @field_validator("environment")
     @classmethod
@@ -196,13 +245,22 @@ class Task(_Frozen):
         else:
             if "io" in kinds:
                 raise ValueError(f"test_kind {self.test_kind!r} does not allow 'io' tests")
-            if self.language != "python":
+            typed = self.test_kind == "function" and self.language in TYPED_CALL_LANGUAGES
+            if self.language != "python" and not typed:
                 raise ValueError(
-                    f"test_kind {self.test_kind!r} is supported for python only; "
-                    "use test_kind 'stdio' for other languages"
+                    f"test_kind {self.test_kind!r} is supported for python"
+                    + (f" and {', '.join(TYPED_CALL_LANGUAGES)}" if self.test_kind == "function"
+                       else "")
+                    + "; use test_kind 'stdio' for other languages"
                 )
             if not self.entry_point:
                 raise ValueError(f"test_kind {self.test_kind!r} needs an entry_point")
+            if typed:
+                self._check_signature(tests)
+        if self.signature is not None and not (
+                self.test_kind == "function" and self.language in TYPED_CALL_LANGUAGES):
+            raise ValueError("a signature is used only by function tasks in "
+                             f"{', '.join(TYPED_CALL_LANGUAGES)}")
         if self.checker is not None and self.test_kind != "stdio":
             raise ValueError("a checker is only used with test_kind 'stdio'")
         expected = self.content_hash()
@@ -215,11 +273,41 @@ class Task(_Frozen):
             )
         return self
 
+    def _check_signature(self, tests: tuple[Test, ...]) -> None:
+        """Every test's arguments and expected value fit the signature (else no completion
+        could pass, or the harness could not be written)."""
+        sig = self.signature
+        if sig is None:
+            raise ValueError(f"a function task in {self.language} needs a signature: "
+                             '{"params": ["list[int]", "int"], "returns": "int"} '
+                             "(docs/tasks.md)")
+        if self.entry_point is not None and not _IDENT_RE.fullmatch(self.entry_point):
+            raise ValueError(f"entry_point {self.entry_point!r} is not an identifier")
+        params = [parse_type(t) for t in sig.params]
+        returns = parse_type(sig.returns)
+        ints = SAFE_INT_RANGE if self.language == "typescript" else INT_RANGE
+        for t in tests:
+            if not isinstance(t, CallTest):
+                raise ValueError(f"test {t.name!r}: a {self.language} function task takes "
+                                 "call tests only")
+            if t.kwargs:
+                raise ValueError(f"test {t.name!r}: keyword arguments are for python only; "
+                                 "pass them in order in args")
+            if len(t.args) != len(params):
+                raise ValueError(f"test {t.name!r}: {len(t.args)} arguments for "
+                                 f"{len(params)} parameters")
+            try:
+                for i, (a, p) in enumerate(zip(t.args, params, strict=True)):
+                    check_value(p, a, f"test {t.name!r}: argument {i}", int_range=ints)
+                check_value(returns, t.expected, f"test {t.name!r}: expected", int_range=ints)
+            except SignatureError as e:
+                raise ValueError(str(e)) from None
+
     def content_hash(self) -> str:
         """Hash of everything that affects scoring (not ``version`` itself). ``environment``
-        counts only when set, so that the versions of tasks stored before the field existed
-        stay what they were."""
-        exclude = {"version"} if self.environment is not None else {"version", "environment"}
+        and ``hash_seed`` count only when set, so that the versions of tasks stored before
+        those fields existed stay what they were."""
+        exclude = {"version"} | {f for f in _OPTIONAL_IN_HASH if getattr(self, f) is None}
         return _hash(self.model_dump(mode="json", exclude=exclude))
 
     @property
