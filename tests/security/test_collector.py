@@ -77,3 +77,34 @@ def test_unfinished_collection_is_a_sandbox_error_fault_injected() -> None:
                        missing_files=["b.txt"])
     r = classify(done, cpu_limit_s=1.0, isolation="full")
     assert r.status is Status.OK and r.missing_files == ["b.txt"]
+
+
+FORK_COUNT = """
+import os
+made = 0
+try:
+    for _ in range(8):
+        if os.fork() == 0:
+            import time; time.sleep(2); os._exit(0)
+        made += 1
+except OSError:
+    pass
+open("made.txt", "w").write(str(made))
+print(made)
+"""
+
+
+@ASYNC
+async def test_the_collector_does_not_take_the_programs_process_budget(sandbox: PoolInfo) -> None:
+    # The collector is a process of the run's group: with max_processes=1 it could not fork the
+    # program and the run was a sandbox_error any request could cause (found by the server's
+    # integrity fuzzing). The program keeps exactly its own budget: no more, no less.
+    r = await sandbox.pool.run(Program(source="open('a', 'w').write('x')", collect=["a"]),
+                               limits(time_s=10, max_processes=1))
+    assert r.status is Status.OK, (r.status, r.error)
+    assert r.files == {"a": b"x"}
+    for budget in (1, 3):
+        r = await sandbox.pool.run(Program(source=FORK_COUNT, collect=["made.txt"]),
+                                   limits(time_s=10, max_processes=budget))
+        assert r.status is Status.OK, (r.status, r.error, r.stderr[-500:])
+        assert r.stdout == f"{budget - 1}\n" and r.files == {"made.txt": str(budget - 1).encode()}

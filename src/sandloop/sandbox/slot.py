@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -475,6 +476,11 @@ class Slot:
         called once the step's processes are gone (or it could not start), before the
         measurements are read and its cgroup removed: the CPU is free from then on.
         """
+        if collect:
+            # The trusted collector stays as the run's pid 1 and forks the program: one process
+            # of the run's group that is not the program's. Without it max_processes=1 left the
+            # collector unable to fork, a sandbox_error any request could cause.
+            limits = dataclasses.replace(limits, max_pids=limits.max_pids + 1)
         for _ in range(2):
             self.runs += 1
             out = StepOutcome()
