@@ -84,7 +84,7 @@ GUEST_DESELECT_JAIL = {
     },
 }
 GUEST_MEMORY = "2G"  # a memory bomb test needs a few hundred MiB; pages are taken lazily
-GUEST_TIMEOUT_S = 1500  # the whole guest, both jail modes (one core; ~4 min here)
+GUEST_TIMEOUT_S = 1500  # the whole guest, both jail modes (one core; 10-14 min on 2 shared cores)
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # UML 6.1 restores a guest process's FPU state with PTRACE_SETREGSET(NT_X86_XSTATE) from a
