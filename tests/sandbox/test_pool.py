@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,16 +30,24 @@ async def test_unisolated_opt_out_is_labelled() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
 async def test_unisolated_runs_are_not_root() -> None:
     src = "import os; print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())"
-    async with SandboxPool(2, isolation="none", python=_python_for_all()) as pool:
-        assert pool.unisolated is not None and pool.unisolated.uid is not None
-        a, b = await pool.run_batch([Program(source=src), Program(source=src)])
-        sh = await pool.run(Program(language="bash", source="id -u; touch /etc/sbx-none-probe"))
+    # A directory of root's that others may enter but not write to, as /etc: a root program
+    # could create a file there, the dropped uid cannot. Ours, in /tmp (pytest's tmp_path
+    # lies under a 0700 directory the uid cannot reach), so that a failure changes no host
+    # file, and on a writable file system (where /etc is read-only, as in the cgroup v2 guest,
+    # the refusal would say nothing of the uid).
+    with tempfile.TemporaryDirectory(prefix="sbx-none-") as d:
+        os.chmod(d, 0o755)
+        probe = shlex.quote(os.path.join(d, "probe"))
+        async with SandboxPool(2, isolation="none", python=_python_for_all()) as pool:
+            assert pool.unisolated is not None and pool.unisolated.uid is not None
+            a, b = await pool.run_batch([Program(source=src), Program(source=src)])
+            sh = await pool.run(Program(language="bash", source=f"id -u; touch {probe}"))
+        assert not os.listdir(d)
     for r in (a, b):
         uid, euid, gid, groups = r.stdout.split(maxsplit=3)
         assert uid == euid == gid != "0" and groups.strip() == "[]", r.stdout
         assert pool.uid_base <= int(uid) < pool.uid_base + 2
-    assert sh.stdout.split()[0] != "0" and "Permission denied" in sh.stderr
-    assert not os.path.exists("/etc/sbx-none-probe")
+    assert sh.stdout.split()[0] != "0" and "Permission denied" in sh.stderr, sh.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from sec_helpers import PoolInfo, attack, limits, report
 
 from sandloop.sandbox import zygote as zygote_module
+from sandloop.sandbox.host import runtime_binds
 from sandloop.sandbox.models import Program, Status
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -124,7 +126,12 @@ def _host_paths(sandbox: PoolInfo) -> list[str]:
     home = os.path.expanduser("~")
     if home not in ("/", ""):
         paths.add(home + "/")
-    return sorted(p for p in paths if p not in ("/", ""))
+    # The runtime the sandbox gets on purpose (/usr, ...) is no secret: a supervisor running
+    # on the system's Python (a venv made by /usr/bin/python3) has /usr as its base prefix.
+    binds, _links = runtime_binds(None)
+    shown = [b.rstrip("/") for b in binds]
+    return sorted(p for p in paths if p not in ("/", "")
+                  and not any(p.rstrip("/") == b or p.startswith(b + "/") for b in shown))
 
 
 # What a program sees of the root: the names in /, every symlink's target (outside /proc and
@@ -162,10 +169,28 @@ print(json.dumps({"ls": sorted(os.listdir("/")), "names": names, "links": links,
 """
 
 
+def _mountinfo_root(path: Path) -> str:
+    """What the kernel shows as the root field of a bind mount of ``path``: its path inside
+    the file system that holds it, not its full path (the two differ where /tmp is a tmpfs of
+    its own, as on most systemd hosts and in the cgroup v2 guest)."""
+    real = os.path.realpath(path)
+    best = ("", "/")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f)
+                       for f in fields[3:5])  # the kernel escapes blanks as octal
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):  # the last of equal points is on top
+            best = (point, root)
+    point, root = best
+    return os.path.normpath(os.path.join(root, os.path.relpath(real, point)))
+
+
 async def test_no_host_path_in_the_sandboxs_view(sandbox: PoolInfo) -> None:
     # Issue 17: the environment is mounted at /opt/env, the supervisor's interpreter and
     # virtualenv not at all; /root is absent. The mount table names the store only as the
-    # source of the /opt/env mount (its root field: the kernel shows the bind's source path).
+    # source of the /opt/env mount (its root field: the bind's source, as a path inside the
+    # file system that holds it).
     r = await attack(sandbox.pool, VIEW_PROBE, lim=limits(time_s=20, stdout_bytes=1 << 20))
     assert r.status is Status.OK, (r.status, r.stderr[-2000:])
     seen = report(r)
@@ -178,7 +203,7 @@ async def test_no_host_path_in_the_sandboxs_view(sandbox: PoolInfo) -> None:
     assert env is not None
     mounts = [line for line in seen["mountinfo"].splitlines()
               if line.split()[4] != "/opt/env"]
-    assert any(line.split()[4] == "/opt/env" and line.split()[3] == str(env.root)
+    assert any(line.split()[4] == "/opt/env" and line.split()[3] == _mountinfo_root(env.root)
                for line in seen["mountinfo"].splitlines()), seen["mountinfo"]
     view = json.dumps({k: v for k, v in seen.items() if k != "mountinfo"})
     for needle in _host_paths(sandbox):
