@@ -93,6 +93,12 @@ class Scorer:
         self._log: RolloutLog | None = None
         self._cache = ResultCache(cache_size) if cache_size > 0 else None
 
+    @property
+    def runs(self) -> int:
+        """Sandbox runs the embedded engine has executed so far (retries included; 0 before the
+        first local score): what scoring cost once duplicates and cached results are left out."""
+        return self._engine.stats.executed if self._engine is not None else 0
+
     # -- tasks -----------------------------------------------------------------------------
     @property
     def tasks(self) -> Mapping[str, Task]:
