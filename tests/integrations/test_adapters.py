@@ -47,6 +47,24 @@ def test_trl_async_reward_local() -> None:
     assert "sandloop/pass_fraction" in metrics
 
 
+def test_scorer_runs_a_repeated_completion_once_within_and_across_calls() -> None:
+    from sandloop.integrations import ScoreItem
+
+    with Scorer(slots=2) as scorer:
+        batch = [ScoreItem(label=IO, completion=c) for c in (SUM, "print(0)", SUM, SUM)]
+        first = scorer.score(batch, step=0)
+        assert [r.reward for r in first] == [1.0, 0.0, 1.0, 1.0]
+        assert scorer.runs == 2  # one run per distinct completion of the batch
+        again = scorer.score([ScoreItem(label=IO, completion="print(0)"),
+                              ScoreItem(label=IO, completion=SUM, completion_id="x")], step=1)
+        assert scorer.runs == 2  # both answered by the cache
+        assert [r.reward for r in again] == [0.0, 1.0] and again[1].completion_id == "x"
+    with Scorer(slots=2, cache_size=0) as scorer:
+        scorer.score(batch[:2])
+        scorer.score(batch[:2])
+        assert scorer.runs == 4  # no cache: the second call runs again
+
+
 def test_verl_and_openrlhf_via_server(server: LiveServer, monkeypatch: Any) -> None:
     monkeypatch.setenv("SANDLOOP_URL", server.url)
     # verl NaiveRewardManager: compute_score(data_source=, solution_str=, ground_truth=, extra_info=)

@@ -373,3 +373,34 @@ def test_compile_step_follows_the_task_limits(sandbox: PoolThread) -> None:
     good = "#include <iostream>\nint main(){ long a, b; std::cin >> a >> b; std::cout << a + b; }\n"
     r = sandbox.run(v.verify(task, good))
     assert r.reward == 1.0, r.tests
+
+
+def test_identical_completions_run_once_per_batch_and_once_across_batches_with_a_cache(
+        sandbox: PoolThread, tmp_path: Path) -> None:
+    from sandloop.reward.scoring import Completion, ResultCache, score_all
+    from sandloop.store import ResultStore
+
+    runs: list[Program] = []
+
+    async def counting(program: Program, limits: Limits) -> ExecResult:
+        runs.append(program)
+        return await sandbox.pool.run(program, limits)
+
+    task = _stdio_task()
+    good = "a, b = map(int, input().split())\nprint(a + b)\n"
+    wrong = "print(0)\n"
+    comps = [Completion(task_id=task.id, completion=c, completion_id=str(i))
+             for i, c in enumerate((good, wrong, good, good, wrong))]
+    cache = ResultCache(16)
+    with ResultStore(tmp_path / "r.db") as store:
+        first = sandbox.all([score_all({task.id: task}, comps, Verifier(counting), store=store,
+                                       cache=cache)])[0]
+        assert len(runs) == 2  # one run per distinct completion
+        assert [r.completion_id for r in first] == ["0", "1", "2", "3", "4"]
+        assert [r.reward for r in first] == [1.0, 0.0, 1.0, 1.0, 0.0]
+        assert len(store) == 2
+        seen: list[bool] = []
+        again = sandbox.all([score_all({task.id: task}, comps[:3], Verifier(counting),
+                                       cache=cache, on_result=lambda _r, c: seen.append(c))])[0]
+    assert len(runs) == 2 and seen == [True, True, True]  # answered by the cache
+    assert [r.model_dump() for r in again] == [r.model_dump() for r in first[:3]]

@@ -84,3 +84,16 @@ def test_incompatible_schema(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(StoreError, match="schema 99"):
         ResultStore(path)
+
+
+def test_put_many_is_one_idempotent_transaction_that_skips_null_rewards(tmp_path: Path) -> None:
+    with ResultStore(tmp_path / "r.db") as store:
+        a, b, c = (ResultKey("t", "v", x, "cfg") for x in "abc")
+        store.put(a, _rec(1.0))
+        assert store.put_many([(a, _rec(0.0, "wrong_answer")), (b, _rec(0.5)),
+                               (c, _rec(None, "sandbox_error"))]) == 1
+        assert store.get(a) == _rec(1.0)  # an existing record is kept, as put does
+        assert store.get(b) == _rec(0.5) and store.get(c) is None
+        assert store.put_many([]) == 0
+    with ResultStore(tmp_path / "r.db") as store:  # committed: a new connection sees it
+        assert len(store) == 2

@@ -26,7 +26,7 @@ from sandloop.errors import IntegrationError
 from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.reward import CompletionResult, RewardConfig, Verifier, completion_hash
-from sandloop.reward.scoring import Completion, score_all
+from sandloop.reward.scoring import Completion, ResultCache, score_all
 from sandloop.tasks import Task, load_tasks, resolve_task
 
 
@@ -59,6 +59,9 @@ class Scorer:
     become a reward (binary by default; ``RewardConfig(mode="fraction")`` for partial credit).
     ``rollout_log``: a SQLite rollout log that scores with a ``step`` are appended to, under
     ``run_id`` (default ``"default"``; also sent to the server).
+    ``cache_size``: results kept in memory (local mode), so a completion seen again, in the same
+    batch or a later step, is not run again (0: none; identical completions of one batch still
+    run once).
     """
 
     def __init__(self, *, url: str | None = None, api_key: str | None = None,
@@ -67,7 +70,7 @@ class Scorer:
                  isolation: str = "full", priority: str | int = "train",
                  client: str = "trainer", concurrency: int = 64,
                  request_timeout_s: float = 600.0, rollout_log: str | Path | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, cache_size: int = 4096) -> None:
         self.url = url.rstrip("/") if url else None
         self.api_key = api_key
         self.reward = reward or RewardConfig()
@@ -88,6 +91,13 @@ class Scorer:
         self.rollout_log = Path(rollout_log) if rollout_log is not None else None
         self.run_id = run_id
         self._log: RolloutLog | None = None
+        self._cache = ResultCache(cache_size) if cache_size > 0 else None
+
+    @property
+    def runs(self) -> int:
+        """Sandbox runs the embedded engine has executed so far (retries included; 0 before the
+        first local score): what scoring cost once duplicates and cached results are left out."""
+        return self._engine.stats.executed if self._engine is not None else 0
 
     # -- tasks -----------------------------------------------------------------------------
     @property
@@ -121,11 +131,12 @@ class Scorer:
     async def _score_local(self, pairs: list[tuple[Task, ScoreItem]]) -> list[CompletionResult]:
         verifier = await self._start_engine()
         # The one batch-scoring path (``sandloop score``'s and the server's); no result store
-        # here: a trainer's completions rarely repeat. The id is the one Verifier would give.
+        # here, but an in-memory cache (a small policy repeats itself within and across
+        # steps). The id is the one Verifier would give.
         comps = [Completion(task_id=t.id, completion=i.completion,
                             completion_id=i.completion_id or completion_hash(i.completion)[:12])
                  for t, i in pairs]
-        return await score_all([t for t, _ in pairs], comps, verifier,
+        return await score_all([t for t, _ in pairs], comps, verifier, cache=self._cache,
                                concurrency=self.concurrency)
 
     # -- remote ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from sandloop.store import ResultKey, ResultStore
 from sandloop.tasks import Task, TaskFormatError
 from sandloop.tasks.loaders import read_records
 
-__all__ = ["Completion", "CompletionFileError", "read_completions", "score_all"]
+__all__ = ["Completion", "CompletionFileError", "ResultCache", "read_completions", "score_all"]
 
 
 class CompletionFileError(RewardError, InputError):
@@ -101,12 +102,45 @@ def read_completions(path: Path, tasks: dict[str, Task]) -> list[Completion]:
     return out
 
 
+class ResultCache:
+    """The newest ``size`` results in memory, by store key (task id and version, completion
+    hash, verifier configuration): a trainer that scores the same completions step after step
+    (a small model repeats itself) runs each once. Null rewards (infrastructure failures) are
+    not kept, so they are retried. Not shared between tenants: one per Scorer."""
+
+    def __init__(self, size: int = 4096) -> None:
+        if size < 1:
+            raise ValueError(f"ResultCache size must be >= 1, got {size}")
+        self.size = size
+        self._items: OrderedDict[ResultKey, CompletionResult] = OrderedDict()
+        self.hits = 0
+
+    def get(self, key: ResultKey) -> CompletionResult | None:
+        res = self._items.get(key)
+        if res is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+        return res
+
+    def put(self, key: ResultKey, res: CompletionResult) -> None:
+        if res.reward is None:
+            return
+        self._items[key] = res
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 async def score_all(
     tasks: Mapping[str, Task] | Sequence[Task],
     completions: Sequence[Completion],
     verifier: Verifier,
     *,
     store: ResultStore | None = None,
+    cache: ResultCache | None = None,
     concurrency: int = 8,
     on_result: Callable[[CompletionResult, bool], None] | None = None,
 ) -> list[CompletionResult]:
@@ -115,7 +149,10 @@ async def score_all(
     ``tasks``: the tasks by id, or the task of each completion (in order: for callers whose
     completions may name two versions of one task id, like the trainer adapters' inline tests).
     Results already in ``store`` are returned without running anything (``on_result`` gets
-    ``cached=True``); each new result is committed to the store as soon as it is known.
+    ``cached=True``); new results are committed to the store in group commits as they come.
+    Identical completions of one task version (same store key) are verified once per call, the
+    copies answered with their own ``completion_id``; with ``cache`` also once across calls
+    (``on_result`` gets ``cached=True`` for those too).
     """
     if isinstance(tasks, Mapping):
         of = [tasks[c.task_id] for c in completions]
@@ -129,32 +166,91 @@ async def score_all(
             for c, t in zip(completions, of, strict=True)]
     cached = store.get_many(keys) if store is not None else {}
     results: list[CompletionResult | None] = [None] * len(completions)
-    todo: list[int] = []
+    # Identical completions of one task version (a GRPO group of a small model repeats itself)
+    # run once: the key is the store's, content-addressed, so a copy is exactly what a second
+    # run would have scored. The first index of each key runs; the others wait for it.
+    first: dict[ResultKey, int] = {}
+    copies: dict[int, list[int]] = {}
     for i, (c, key) in enumerate(zip(completions, keys, strict=True)):
-        rec = cached.get(key)
-        if rec is None:
-            todo.append(i)
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None:
+            res = hit.model_copy(update={"completion_id": c.completion_id})
+            results[i] = res
+            if on_result:
+                on_result(res, True)
             continue
-        res = CompletionResult.model_validate({**rec, "completion_id": c.completion_id})
+        rec = cached.get(key)
+        if rec is not None:
+            res = CompletionResult.model_validate({**rec, "completion_id": c.completion_id})
+            results[i] = res
+            if on_result:
+                on_result(res, True)
+            continue
+        j = first.setdefault(key, i)
+        if j != i:
+            copies.setdefault(j, []).append(i)
+    sem = asyncio.Semaphore(concurrency)
+    writer = _StoreWriter(store) if store is not None else None
+
+    def settle(i: int, res: CompletionResult) -> None:
+        if cache is not None:
+            cache.put(keys[i], res)
         results[i] = res
         if on_result:
-            on_result(res, True)
-    sem = asyncio.Semaphore(concurrency)
+            on_result(res, False)
+        for k in copies.get(i, ()):
+            dup = res.model_copy(update={"completion_id": completions[k].completion_id})
+            results[k] = dup
+            if on_result:
+                on_result(dup, False)
 
     async def one(i: int) -> None:
         c = completions[i]
         async with sem:
             res = await verifier.verify(_as_language(of[i], c.language),
                                         c.completion, c.completion_id)
-        if store is not None:
-            # A thread keeps the event loop free while SQLite commits.
-            await asyncio.to_thread(store.put, keys[i], _record(res))
-        results[i] = res
-        if on_result:
-            on_result(res, False)
+        if writer is not None:
+            writer.add(keys[i], res)
+        settle(i, res)
 
-    await asyncio.gather(*(one(i) for i in todo))
+    try:
+        await asyncio.gather(*(one(i) for i in first.values()))
+    finally:
+        if writer is not None:
+            await writer.flush()
     return [r for r in results if r is not None]
+
+
+class _StoreWriter:
+    """Group commit of new results: those that finish while a commit runs go into the next one,
+    so a batch costs a few SQLite transactions (off the event loop), not one per result, and a
+    result is still committed moments after it is known (an interrupted run keeps it)."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self.store = store
+        self._pending: list[tuple[ResultKey, dict[str, Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, key: ResultKey, res: CompletionResult) -> None:
+        self._pending.append((key, _record(res)))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._commit())
+
+    async def _commit(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await asyncio.to_thread(self.store.put_many, batch)
+        finally:
+            self._task = None
+
+    async def flush(self) -> None:
+        """Wait until every added result is committed (also when the scoring was cancelled:
+        finished results are kept)."""
+        while self._task is not None or self._pending:
+            if self._task is None:
+                self._task = asyncio.get_running_loop().create_task(self._commit())
+            await asyncio.shield(self._task)
 
 
 def _record(res: CompletionResult) -> dict[str, Any]:

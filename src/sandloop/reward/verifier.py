@@ -226,6 +226,9 @@ class Verifier:
         self.max_run_s = max_run_s
         self.time_scale = time_scale
         self.max_timeouts = max_timeouts
+        # The harness's plan (stdin) and limits of each task version: built once, not per
+        # completion (a training step scores many completions of few tasks).
+        self._plans: dict[tuple[str, str, str, float, float, int], tuple[str, Limits]] = {}
 
     def config_hash(self) -> str:
         """Hash of everything besides task and completion that affects a result."""
@@ -335,7 +338,17 @@ class Verifier:
     async def _verify_harness(
         self, task: Task, source: str, cmp: Comparison
     ) -> tuple[list[_Judged], dict[str, float], str | None]:
-        plan, limits = self._plan(task)
+        # ``version`` is a hash of the task's content, tests and limits included; the settings
+        # are public attributes, so they are part of the key too.
+        pkey = (task.id, task.version, task.test_kind, self.time_scale, self.max_run_s,
+                self.max_timeouts)
+        planned = self._plans.get(pkey)
+        if planned is None:
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            plan, limits = self._plan(task)
+            planned = self._plans[pkey] = (json.dumps(plan, separators=(",", ":")), limits)
+        stdin, limits = planned
         files: dict[str, str | bytes] = {"solution.py": source, **_FILES}
         main = _STUB
         if task.hash_seed is not None:
@@ -344,7 +357,7 @@ class Verifier:
         program = Program(
             language="python",
             source=main,
-            stdin=json.dumps(plan, separators=(",", ":")),
+            stdin=stdin,
             files=files,
             environment=task.environment,
         )

@@ -109,6 +109,28 @@ class ResultStore:
             )
         return cur.rowcount == 1
 
+    def put_many(self, items: Iterable[tuple[ResultKey, dict[str, Any]]]) -> int:
+        """Store many records in one transaction (committed before returning); null-reward
+        records are skipped and existing keys kept, as :meth:`put`. Returns how many were new."""
+        rows = [(key.digest, key[0], key[1], key[2], key[3], float(record["reward"]),
+                 str(record.get("verdict", "")),
+                 json.dumps(record, separators=(",", ":"), ensure_ascii=False), time.time())
+                for key, record in items if record.get("reward") is not None]
+        if not rows:
+            return 0
+        with self._lock:
+            before = self._db.total_changes
+            # The connection autocommits (isolation_level=None): one explicit transaction.
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?,?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return self._db.total_changes - before
+
     def __len__(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])

@@ -270,6 +270,7 @@ def run_training(cfg: TrainConfig, sampler: TaskSampler | None = None) -> dict[s
                                         completion_ids: list[Any] | None = None,
                                         **kwargs: Any) -> list[float | None]:
             stats.reward_begin = time.perf_counter()
+            runs_before = scorer.runs
             rewards = await adapter(prompts=prompts, completions=completions,
                                     completion_ids=completion_ids, **kwargs)
             results = scorer.last
@@ -309,6 +310,9 @@ def run_training(cfg: TrainConfig, sampler: TaskSampler | None = None) -> dict[s
                 "dropped_total": cur.dropped_groups,
                 "open_tiers": cur.open_levels(),
                 "sandbox_s": sandbox_s,
+                # Sandbox runs the step's scoring took: identical completions of the step run
+                # once, and those scored in an earlier step come from the scorer's cache.
+                "sandbox_runs": scorer.runs - runs_before,
             }
             row.update(await monitor.observe_step(step, records))
             stats.pending[step] = {**stats.pending.get(step, {}), **row}
