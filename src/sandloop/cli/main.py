@@ -11,16 +11,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 import typer
 
 from sandloop.cli import output
-from sandloop.cli.cluster import cluster_app
-from sandloop.cli.env import app as env_app
-from sandloop.cli.episodes import episodes_app
 from sandloop.cli.exits import ExitCode, print_error, run_guarded
-from sandloop.cli.monitor import monitor_app
+from sandloop.cli.lazy import LazyGroup, LazySub
 from sandloop.cli.options import (
     Db,
     MemoryMb,
@@ -32,22 +29,42 @@ from sandloop.cli.options import (
     TimeLimit,
     positive,
 )
-from sandloop.cli.tasks import app as tasks_app
 
 if TYPE_CHECKING:
     from sandloop.sandbox.models import ExecResult
     from sandloop.settings import Settings
 
+
+
+class _Root(LazyGroup):
+    # The command groups, listed after the commands in this order. Their modules load when
+    # one of their commands runs (cli/lazy.py); the help texts must be the groups' own (a test
+    # compares the listings).
+    lazy: ClassVar[dict[str, LazySub]] = {
+        "monitor": LazySub("sandloop.cli.monitor", "monitor_app",
+                           "Reward monitoring: per-step statistics, reward-hack/drift/diversity/"
+                           "infra alerts, audits, HTML report."),
+        "episodes": LazySub("sandloop.cli.episodes", "episodes_app",
+                            "Multi-turn episodes: list and replay recorded ones."),
+        "cluster": LazySub("sandloop.cli.cluster", "cluster_app",
+                           "The Ray cluster sandloop runs on (docs/cluster.md)."),
+        "tasks": LazySub("sandloop.cli.tasks", "app",
+                         "Task governance: inspect, validate, curate, grade, split and diff "
+                         "task sets."),
+        "env": LazySub("sandloop.cli.env", "app",
+                       "Runtime environments: build specs into content-addressed read-only "
+                       "trees, list, show, remove, verify; check determinism across slots."),
+    }
+
+
 app = typer.Typer(
+    cls=_Root,
     help="sandloop: isolated, fast execution and trustworthy rewards for RL post-training. "
          "Exit codes: 0 ok, 1 the work found failures, 2 bad input, 3 infrastructure failed.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(monitor_app, name="monitor")
-app.add_typer(episodes_app, name="episodes")
-app.add_typer(cluster_app, name="cluster")
 
 _EXT = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".js": "javascript",
         ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
@@ -438,10 +455,6 @@ def add_key(
     except (ValueError, KeysFileError, OSError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None
-
-
-app.add_typer(tasks_app, name="tasks")
-app.add_typer(env_app, name="env")
 
 
 app.command("train")(__import__("sandloop.cli.train", fromlist=["train"]).train)

@@ -1,0 +1,92 @@
+"""What the command line imports to start: `--help` and `exec` stay clear of the heavy modules.
+
+Start-up time is noisy on a shared machine, so these check its cause instead (the modules a
+command loads, in a real subprocess); benchmarks/bench_startup.py measures the time itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Runs the CLI as the `sandloop` script does, then writes the modules it loaded to the file
+# named first (so that the command's own output stays as it is).
+_PROBE = """
+import json, sys
+report, sys.argv = sys.argv[1], ["sandloop", *sys.argv[2:]]
+from sandloop.cli.main import main
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+with open(report, "w") as f:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, f)
+"""
+
+# Never needed to print help or run one program.
+_HEAVY = ("fastapi", "starlette", "uvicorn", "httpx", "torch", "transformers", "trl", "ray",
+          "pydantic_settings", "sandloop.server", "sandloop.engine", "sandloop.reward",
+          "sandloop.tasks", "sandloop.store", "sandloop.monitor", "sandloop.curation",
+          "sandloop.cli.env", "sandloop.cli.tasks", "sandloop.cli.monitor",
+          "sandloop.cli.episodes", "sandloop.cli.cluster", "sandloop.cli.score")
+
+
+def loaded(tmp_path: Path, *args: str) -> tuple[int, set[str]]:
+    out = tmp_path / "modules.json"
+    p = subprocess.run([sys.executable, "-c", _PROBE, str(out), *args], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    report = json.loads(out.read_text())
+    assert p.stderr == "" or report["code"] != 0, p.stderr
+    return report["code"], set(report["modules"])
+
+
+def heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in _HEAVY))
+
+
+def test_help_loads_no_command_modules_nor_pydantic(tmp_path: Path) -> None:
+    code, modules = loaded(tmp_path, "--help")
+    assert code == 0
+    assert heavy(modules) == []
+    # Nothing of the sandbox or its data models either: help is names and texts.
+    assert not {m for m in modules if m.startswith(("pydantic", "sandloop.sandbox",
+                                                    "sandloop.envs", "asyncio"))}
+
+
+def test_exec_loads_only_what_one_run_needs(tmp_path: Path) -> None:
+    (tmp_path / "one.py").write_text("print(1)\n")
+    code, modules = loaded(tmp_path, "exec", "--json", "one.py")
+    assert code == 0
+    assert heavy(modules) == []
+    assert "sandloop.sandbox.pool" in modules  # it did run the program
+
+
+def test_a_group_loads_when_it_runs(tmp_path: Path) -> None:
+    code, modules = loaded(tmp_path, "tasks", "--help")
+    assert code == 0 and "sandloop.cli.tasks" in modules and "sandloop.cli.env" not in modules
+
+
+def test_lazy_groups_list_as_the_real_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    # The root's help lists each group from a stand-in (cli/lazy.py): its name and help text
+    # must be the real group's, so the listing is the same with the real groups in place.
+    import typer.main
+
+    from sandloop.cli.main import _Root, app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, _Root)
+    ctx = group.make_context("sandloop", ["--verbose"])
+    group.get_help(ctx)  # typer's rich help prints itself
+    with_stubs = capsys.readouterr().out
+    assert "monitor" in with_stubs and "Runtime environments" in with_stubs
+    for name in _Root.lazy:
+        real = group.get_command(ctx, name)
+        assert real is not None and real.name == name and real.help == _Root.lazy[name].help
+        assert real.params or real.commands  # the loaded group, not the stand-in
+    group.get_help(ctx)
+    assert capsys.readouterr().out == with_stubs
+    assert list(group.commands)[-len(_Root.lazy):] == list(_Root.lazy)
