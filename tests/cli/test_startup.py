@@ -90,3 +90,59 @@ def test_lazy_groups_list_as_the_real_ones(capsys: pytest.CaptureFixture[str]) -
     group.get_help(ctx)
     assert capsys.readouterr().out == with_stubs
     assert list(group.commands)[-len(_Root.lazy):] == list(_Root.lazy)
+
+
+# -- the plain `exec` parser (cli/exec_one.py) reads what typer reads -------------------------
+_PLAIN = [
+    ["exec", "a.py"],
+    ["exec", "--json", "a.py"],
+    ["exec", "a.py", "--json", "--no-isolation"],
+    ["-q", "exec", "a.py"],
+    ["--verbose", "exec", "-l", "python", "--time-limit", "2.5", "--memory-mb", "64",
+     "--stdin", "in.txt", "--no-isolation", "a.py"],
+    ["--quiet", "exec", "--language=c", "--time-limit=3", "--memory-mb=128", "--stdin=in.txt",
+     "a.py"],
+    ["exec", "-l", "", "a.py"],
+]
+# Forms it leaves to typer (help, errors, and whatever needs typer's judgement).
+_TYPERS = [
+    [], ["--help"], ["exec"], ["exec", "--help"], ["exec", "-"], ["exec", "dir"],
+    ["exec", "a.py", "in.txt"], ["exec", "--time-limit", "0", "a.py"],
+    ["exec", "--time-limit=1e3", "a.py"], ["exec", "--time-limit", "nan", "a.py"],
+    ["exec", "--memory-mb", "0", "a.py"], ["exec", "--memory-mb", "0x10", "a.py"],
+    ["exec", "--json", "--json", "a.py"], ["-qv", "exec", "a.py"], ["-q", "-v", "exec", "a.py"],
+    ["exec", "-l=python", "a.py"], ["exec", "-lpython", "a.py"], ["exec", "--unknown", "a.py"],
+    ["exec", "--language"], ["exec", "--language", "-q", "a.py"], ["exec", "--", "a.py"],
+    ["exec", "--stdin", "dir", "a.py"], ["exec", "missing.py"], ["exec-batch", "a.py"],
+    ["--version"], ["doctor"],
+]
+
+
+def test_plain_exec_lines_parse_as_typer_parses_them(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandloop.cli import exec_one, output
+    from sandloop.cli.commands import app
+    from sandloop.cli.exits import run_guarded
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.py").write_text("print(1)\n")
+    (tmp_path / "in.txt").write_text("x")
+    (tmp_path / "dir").mkdir()
+    seen: list[exec_one.ExecArgs] = []
+
+    def record(args: exec_one.ExecArgs) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(exec_one, "exec_command", record)
+    for argv in _PLAIN:
+        plain = exec_one.parse_plain(argv)
+        assert plain is not None, argv
+        seen.clear()
+        output.state.quiet = output.state.verbose = False
+        assert run_guarded(app, argv) == 0, argv
+        assert seen == [plain.args], argv
+        assert (output.state.quiet, output.state.verbose) == (plain.quiet, plain.verbose), argv
+    for argv in _TYPERS:
+        assert exec_one.parse_plain(argv) is None, argv
+    output.state.quiet = output.state.verbose = False
