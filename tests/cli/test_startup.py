@@ -146,3 +146,41 @@ def test_plain_exec_lines_parse_as_typer_parses_them(tmp_path: Path,
     for argv in _TYPERS:
         assert exec_one.parse_plain(argv) is None, argv
     output.state.quiet = output.state.verbose = False
+
+
+# -- `sandloop --help` drawn without typer (cli/root_help.py) is typer's, byte for byte -------
+_TYPER_HELP = ("import sys; from sandloop.cli.commands import app; "
+               "from sandloop.cli.exits import run_guarded; sys.exit(run_guarded(app, ['--help']))")
+
+
+@pytest.mark.parametrize("env", [
+    {}, {"COLUMNS": "40"}, {"COLUMNS": "61"}, {"COLUMNS": "200"}, {"FORCE_COLOR": "1"},
+    {"FORCE_COLOR": "1", "COLUMNS": "100"}, {"NO_COLOR": "1", "FORCE_COLOR": "1"},
+    {"TERMINAL_WIDTH": "70"}, {"_TYPER_FORCE_DISABLE_TERMINAL": "1", "FORCE_COLOR": "1"},
+])
+def test_root_help_is_typers(env: dict[str, str]) -> None:
+    import os
+
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TERMINAL_WIDTH",
+                         "PY_COLORS", "GITHUB_ACTIONS", "_TYPER_FORCE_DISABLE_TERMINAL")}
+    run = {**base, **env}
+    ours = subprocess.run([sys.executable, "-m", "sandloop", "--help"], capture_output=True,
+                          env=run, timeout=120)
+    typers = subprocess.run([sys.executable, "-c", _TYPER_HELP], capture_output=True, env=run,
+                            timeout=120)
+    assert ours.returncode == typers.returncode == 0
+    assert ours.stderr == typers.stderr == b""
+    assert ours.stdout == typers.stdout
+    assert b"exec-batch" in ours.stdout
+
+
+def test_root_help_lists_every_command() -> None:
+    import typer.main
+
+    from sandloop.cli.commands import app
+    from sandloop.cli.root_help import COMMANDS
+
+    group = typer.main.get_command(app)
+    ctx = group.make_context("sandloop", ["--verbose"])
+    assert [name for name, _ in COMMANDS] == group.list_commands(ctx)  # type: ignore[attr-defined]
