@@ -13,6 +13,8 @@ Both parsers end in :func:`exec_command`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import os
 import re
@@ -183,6 +185,11 @@ def _print_human(r: ExecResult) -> None:
 def exec_command(args: ExecArgs) -> int:
     """Run ``args``' program and print its result; the exit code: 0 it succeeded, 1 it failed,
     2 bad input, 3 ``sandbox_error``."""
+    if not args.no_isolation:
+        # The pool's seccomp filter needs pyseccomp, whose import runs `ldconfig -p` twice to
+        # find libc and libseccomp (~35 ms here, mostly waiting): started now, those waits pass
+        # while this thread imports pydantic and the sandbox.
+        _warm("pyseccomp")
     text = _read_source(args.source)
     if text is None:
         return ExitCode.BAD_INPUT
@@ -237,7 +244,7 @@ def _run(program: Program, limits: Limits, isolation: str, *, human: bool) -> Ex
     from sandloop.sandbox.pool import SandboxPool
 
     if human:
-        threading.Thread(target=_import_rich, name="sandloop-import", daemon=True).start()
+        _warm("rich.console")
 
     async def go() -> ExecResult:
         async with SandboxPool(1, isolation=isolation) as pool:
@@ -246,8 +253,15 @@ def _run(program: Program, limits: Limits, isolation: str, *, human: bool) -> Ex
     return aio.run(go())
 
 
-def _import_rich() -> None:
-    import rich.console  # noqa: F401  (warms the import for _print_human)
+def _warm(module: str) -> None:
+    """Import ``module`` on a thread of its own, ahead of its use on this one (an import that
+    waits, on a subprocess or while a zygote starts, then costs this thread nothing)."""
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):  # its user reports it, with what to do
+            importlib.import_module(module)
+
+    threading.Thread(target=load, name=f"sandloop-import-{module}", daemon=True).start()
 
 
 def run_plain(plain: Plain) -> int:
