@@ -52,8 +52,9 @@ def test_help_loads_no_command_modules_nor_pydantic(tmp_path: Path) -> None:
     code, modules = loaded(tmp_path, "--help")
     assert code == 0
     assert heavy(modules) == []
-    # Nothing of the sandbox or its data models either: help is names and texts.
-    assert not {m for m in modules if m.startswith(("pydantic", "sandloop.sandbox",
+    # Nothing of the sandbox or its data models either, nor typer: help is names and texts
+    # (cli/root_help.py).
+    assert not {m for m in modules if m.startswith(("pydantic", "sandloop.sandbox", "typer",
                                                     "sandloop.envs", "asyncio"))}
 
 
@@ -61,7 +62,7 @@ def test_exec_loads_only_what_one_run_needs(tmp_path: Path) -> None:
     (tmp_path / "one.py").write_text("print(1)\n")
     code, modules = loaded(tmp_path, "exec", "--json", "one.py")
     assert code == 0
-    assert heavy(modules) == []
+    assert heavy(modules) == [] and "typer" not in modules  # cli/exec_one.py read the line
     assert "sandloop.sandbox.pool" in modules  # it did run the program
 
 
@@ -184,3 +185,16 @@ def test_root_help_lists_every_command() -> None:
     group = typer.main.get_command(app)
     ctx = group.make_context("sandloop", ["--verbose"])
     assert [name for name, _ in COMMANDS] == group.list_commands(ctx)  # type: ignore[attr-defined]
+
+
+def test_version_without_typer(tmp_path: Path) -> None:
+    from sandloop import __version__
+
+    typers = subprocess.run([sys.executable, "-c", _TYPER_HELP.replace("'--help'", "'--version'")],
+                            capture_output=True, text=True, timeout=120)
+    ours = subprocess.run([sys.executable, "-m", "sandloop", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert ours.returncode == typers.returncode == 0
+    assert ours.stdout == typers.stdout == f"sandloop {__version__}\n"
+    code, modules = loaded(tmp_path, "--version")
+    assert code == 0 and "typer" not in modules

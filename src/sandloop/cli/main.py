@@ -1,8 +1,8 @@
 """The ``sandloop`` entry point: the script, ``python -m sandloop`` and this module's ``-m``.
 
 The whole command line (``cli/commands.py``: typer and every command's options) is imported
-only when it is needed: ``sandloop --help`` (``cli/root_help.py``) and a plain ``sandloop exec``
-line (``cli/exec_one.py``) run without it, for a start-up in a blink. ``app`` is importable from here, as it always was.
+only when it is needed: ``sandloop --help`` (``cli/root_help.py``), ``--version`` and a plain
+``sandloop exec`` line (``cli/exec_one.py``) run without it, for a start-up in a blink. ``app`` is importable from here, as it always was.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ def main() -> None:  # pragma: no cover - console entry point
     """The ``sandloop`` script and ``python -m sandloop``: exit codes 0-3, never a traceback."""
     from sandloop.cli.exits import guarded
 
+    if sys.argv[1:] == ["--version"]:  # as the root's eager --version callback prints it
+        from sandloop import __version__
+
+        print(f"sandloop {__version__}")
+        sys.exit(0)
     if sys.argv[1:] == ["--help"]:
         from sandloop.cli.root_help import print_root_help
 
