@@ -76,7 +76,7 @@ def test_lazy_groups_list_as_the_real_ones(capsys: pytest.CaptureFixture[str]) -
     # must be the real group's, so the listing is the same with the real groups in place.
     import typer.main
 
-    from sandloop.cli.main import _Root, app
+    from sandloop.cli.commands import _Root, app
 
     group = typer.main.get_command(app)
     assert isinstance(group, _Root)

@@ -46,7 +46,7 @@ def main() -> None:  # pragma: no cover - console entry point
 
 def __getattr__(name: str) -> Any:
     # ``from sandloop.cli.main import app`` (tests, embedding tools): the typer app, on demand.
-    if name in ("app", "_Root"):
+    if name == "app":
         return getattr(importlib.import_module("sandloop.cli.commands"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
