@@ -23,8 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandloop.errors import InputError
 
@@ -36,10 +35,13 @@ class ConfigError(InputError):
     """A config file (sandloop.toml, [tool.sandloop]) or a SANDLOOP_* variable is invalid."""
 
 
-class Settings(BaseSettings):
-    """Project defaults (see the module docstring for the file format)."""
+class Settings(BaseModel):
+    """Project defaults (see the module docstring for the file format); :func:`load_settings`
+    reads them from the config file and the ``SANDLOOP_*`` variables."""
 
-    model_config = SettingsConfigDict(env_prefix="SANDLOOP_", extra="forbid", frozen=True)
+    # A plain model, not pydantic-settings' BaseSettings: importing that cost every command
+    # ~50 ms of start-up, for the one thing load_settings does below (read SANDLOOP_*).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     db: Path | None = Field(None, description="result store; default: per project in the cache")
     slots: int | None = Field(None, ge=1, le=4096, description="parallel slots; default: cores")
@@ -91,15 +93,22 @@ def load_settings(start: Path | None = None) -> Settings:
     where = str(found[0]) if found else "SANDLOOP_* environment"
     if found and isinstance(table.get("db"), str):
         table["db"] = found[0].parent / table["db"]
-    # Environment over file: BaseSettings gives init arguments precedence, so pass only the
-    # file's keys that no SANDLOOP_ variable sets.
-    env_set = {k for k in Settings.model_fields if os.environ.get(f"SANDLOOP_{k.upper()}")}
+    # Environment over file: a SANDLOOP_<FIELD> variable (any case, as pydantic-settings read
+    # them) wins over the file's key unless it is empty.
+    env = _environment()
+    env_set = {k for k, v in env.items() if v}
     try:
-        return Settings(**{k: v for k, v in table.items() if k not in env_set})
+        return Settings(**{**env, **{k: v for k, v in table.items() if k not in env_set}})
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(x) for x in d['loc']) or '(table)'}: {d['msg']}"
                              for d in e.errors()[:3])
         raise ConfigError(f"{where}: {problems}") from None
+
+
+def _environment() -> dict[str, str]:
+    """The ``SANDLOOP_<FIELD>`` variables that name a setting, by field name."""
+    fields = {f"sandloop_{name}": name for name in Settings.model_fields}
+    return {fields[k.lower()]: v for k, v in os.environ.items() if k.lower() in fields}
 
 
 def default_db_path(settings: Settings | None = None, start: Path | None = None) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from sandloop.errors import InputError, SandloopError
 if TYPE_CHECKING:
     import typer
 
-__all__ = ["ExitCode", "one_line", "print_error", "run_guarded"]
+__all__ = ["ExitCode", "guarded", "one_line", "print_error", "run_guarded"]
 
 
 class ExitCode(IntEnum):
@@ -70,23 +70,34 @@ def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
     """
     import typer
 
-    from sandloop.cli import output
-
     click = _click_exceptions()
 
     args = list(sys.argv[1:] if argv is None else argv)
+
+    def invoke() -> int:
+        try:
+            rv = app(args=args, prog_name="sandloop", standalone_mode=False)
+        except click.NoArgsIsHelpError as e:
+            e.show()
+            return ExitCode.BAD_INPUT
+        except click.ClickException as e:
+            where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else "sandloop"
+            print_error(f"{e.format_message()} (see '{where} --help')")
+            return e.exit_code if e.exit_code in (1, 2) else ExitCode.BAD_INPUT
+        except typer.Abort:
+            print_error("aborted")
+            return 130
+        return int(rv) if isinstance(rv, int) else ExitCode.OK
+
+    return guarded(invoke)
+
+
+def guarded(work: Callable[[], int]) -> int:
+    """``work()``'s exit code, or the one for what escaped it (see :func:`run_guarded`)."""
+    from sandloop.cli import output
+
     try:
-        rv = app(args=args, prog_name="sandloop", standalone_mode=False)
-    except click.NoArgsIsHelpError as e:
-        e.show()
-        return ExitCode.BAD_INPUT
-    except click.ClickException as e:
-        where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else "sandloop"
-        print_error(f"{e.format_message()} (see '{where} --help')")
-        return e.exit_code if e.exit_code in (1, 2) else ExitCode.BAD_INPUT
-    except typer.Abort:
-        print_error("aborted")
-        return 130
+        return work()
     except (InputError, UnicodeDecodeError) as e:
         # Raised by a command that did not catch its own input error: still the caller's input.
         print_error(str(e))
@@ -104,4 +115,3 @@ def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
         if output.state.verbose:
             traceback.print_exc()
         return ExitCode.INFRASTRUCTURE
-    return int(rv) if isinstance(rv, int) else ExitCode.OK
