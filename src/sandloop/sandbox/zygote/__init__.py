@@ -71,7 +71,9 @@ ROOT = "sandloop_zygote"  # stands for sandloop.sandbox in the zygote's sys.modu
 # program_entry returns once the program is set to run: then this code ends too, and the
 # interpreter starts the program from C, under no frame at all (program._RUNNER). The command
 # compiles its text first: the syntax tree of a -c command lives until the command ends, which
-# every child now reaches, and freeing it there cost each run ~30 copy-on-write faults.
+# every child now reaches, and freeing it there cost each run ~30 copy-on-write faults. For the
+# same reason each module keeps its own top-level code (``_bootstrap_code``): the last one,
+# freed as this code returns in a child, cost ~45.
 #
 # Re-executed on an environment's interpreter (ZygoteConfig.exec), the zygote's files are not
 # in its root: argv[2] is then "fd:N:M:S" (server.reexec): memfds holding N the configuration
@@ -122,6 +124,7 @@ _BOOTSTRAP_SOURCE = (
     "        else:\n"
     "            code = codes[name]\n"
     "        exec(code, module.__dict__)\n"
+    "        module._bootstrap_code = code\n"
     "    del codes\n"
     "    server = sys.modules[root + '.zygote.server']\n"
     "    run = server.main()\n"
