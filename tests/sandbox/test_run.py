@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,55 @@ async def test_runtime_error_keeps_traceback_of_program_only(pool: SandboxPool) 
     assert r.status is Status.RUNTIME_ERROR and r.exit_code == 1
     assert 'File "/sandbox/main.py", line 2' in r.stderr and "ValueError: boom" in r.stderr
     assert "zygote" not in r.stderr and "runpy" not in r.stderr
+
+
+# Programs whose end a warm run must report exactly as `python main.py` does: the program starts
+# at the interpreter's top level (zygote/program.py, _RUNNER), its uncaught exception comes back
+# through the atexit loop, and the process ends without the interpreter's teardown.
+PARITY = {
+    "uncaught": "import sys\nprint('out')\ndef f():\n    raise ValueError('boom')\nf()\n",
+    "syntax": "x = (1,\nprint(x\n",
+    "exit_message": "import sys\nprint('bye')\nsys.exit('bad input')\n",
+    "exit_code": "raise SystemExit(3)\n",
+    "atexit": ("import atexit\n"
+               "def bad():\n    raise KeyError('in atexit')\n"
+               "atexit.register(print, 'second')\natexit.register(bad)\n"
+               "atexit.register(print, 'first')\nprint('main')\n1 / 0\n"),
+    "thread": ("import threading, time\n"
+               "def late():\n    time.sleep(0.2)\n    print('late thread')\n"
+               "threading.Thread(target=late).start()\nprint('main ends')\n"),
+    "excepthook": ("import sys\n"
+                   "sys.excepthook = lambda t, v, tb: print('hooked', t.__name__, v, file=sys.stderr)\n"
+                   "raise RuntimeError('x')\n"),
+    "unraisable_during_run": ("class C:\n    def __del__(self):\n        raise OSError('in del')\n"
+                              "C()\nprint('after')\n"),
+    "bottom_frame": "import sys\nprint(sys._getframe().f_back, __name__, sys.argv)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARITY))
+async def test_python_runs_end_as_a_plain_python_run(pool: SandboxPool, name: str,
+                                                     tmp_path: Path) -> None:
+    source = PARITY[name]
+    (tmp_path / "main.py").write_text(source)
+    plain = subprocess.run([sys.executable, "-I", "main.py"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=30)
+
+    def normal(text: str) -> str:  # object addresses differ between runs
+        return re.sub(r"0x[0-9a-f]+", "0x?", text.replace(str(tmp_path), "/sandbox"))
+
+    r = await run(pool, source)
+    assert (r.exit_code, r.stdout, normal(r.stderr)) == (
+        plain.returncode, plain.stdout.replace("['main.py']", "['/sandbox/main.py']"),
+        normal(plain.stderr))
+
+
+async def test_a_programs_own_unraisablehook_does_not_hide_its_crash(pool: SandboxPool) -> None:
+    # The uncaught exception travels through sys.unraisablehook (see program._RUNNER): a program
+    # that installs its own hook receives it there, but the run still ends as a crash.
+    r = await run(pool, "import sys\nsys.unraisablehook = lambda a: print('mine', a.exc_value)\n"
+                        "raise ValueError('boom')\n")
+    assert r.status is Status.RUNTIME_ERROR and r.exit_code == 1, (r.status, r.stderr)
 
 
 async def test_sys_exit_codes(pool: SandboxPool) -> None:

@@ -791,7 +791,7 @@ def _cgroup_limits(limits: StepLimits) -> CgroupLimits:
 
 
 def _pack_spec(rlimits: tuple[tuple[int, int], ...], spec: protocol.RunSpec) -> bytes:
-    """The run spec as the child reads it (protocol.pack_spec): rlimits in binary, then JSON."""
+    """The run spec as the child reads it (protocol.pack_spec): rlimits in binary, then marshalled."""
     return protocol.pack_spec(rlimits, spec)
 
 

@@ -67,9 +67,13 @@ ROOT = "sandloop_zygote"  # stands for sandloop.sandbox in the zygote's sys.modu
 # spec or a loader, and their code objects are renamed "<sandloop zygote>": a program that
 # finds one (a frame, a function, a module) must not learn where sandloop lives on the host.
 # Relative imports between them resolve through sys.modules (each has its __package__).
-# In a child, server.main() returns once the zygote's frames are gone (program.RunProgram): the
-# program then runs under one frame of the zygote's, this one, whose globals hold only what
-# runs it.
+# In a child, server.main() returns once the zygote's frames are gone (program.RunProgram), and
+# program_entry returns once the program is set to run: then this code ends too, and the
+# interpreter starts the program from C, under no frame at all (program._RUNNER). The command
+# compiles its text first: the syntax tree of a -c command lives until the command ends, which
+# every child now reaches, and freeing it there cost each run ~30 copy-on-write faults. For the
+# same reason each module keeps its own top-level code (``_bootstrap_code``): the last one,
+# freed as this code returns in a child, cost ~45.
 #
 # Re-executed on an environment's interpreter (ZygoteConfig.exec), the zygote's files are not
 # in its root: argv[2] is then "fd:N:M:S" (server.reexec): memfds holding N the configuration
@@ -79,7 +83,7 @@ ROOT = "sandloop_zygote"  # stands for sandloop.sandbox in the zygote's sys.modu
 # sources: compiling (and parsing the sources' JSON) leaves a more fragmented heap, which cost
 # every run ~65 more copy-on-write faults. That interpreter runs without -I, so that it reads PYTHONHASHSEED (-s: no user
 # site); the current directory it puts first on sys.path (-c) is removed, as -I would have.
-BOOTSTRAP = (
+_BOOTSTRAP_SOURCE = (
     "def _zygote():\n"
     "    import sys\n"
     "    from importlib.machinery import SourceFileLoader\n"
@@ -120,6 +124,7 @@ BOOTSTRAP = (
     "        else:\n"
     "            code = codes[name]\n"
     "        exec(code, module.__dict__)\n"
+    "        module._bootstrap_code = code\n"
     "    del codes\n"
     "    server = sys.modules[root + '.zygote.server']\n"
     "    run = server.main()\n"
@@ -128,4 +133,5 @@ BOOTSTRAP = (
     "if _zygote is not None:\n"
     "    _zygote[0](_zygote[1])\n"
 )
+BOOTSTRAP = f"exec(compile({_BOOTSTRAP_SOURCE!r}, '<string>', 'exec'))"
 

@@ -194,7 +194,7 @@ def setup_failed(status_fd: int, e: BaseException) -> NoReturn:
 
 
 def read_spec(spec_fd: int) -> tuple[list[tuple[int, int]], RunSpec]:
-    """The run spec (protocol.pack_spec): rlimits in binary for jail.c, then JSON."""
+    """The run spec (protocol.pack_spec): rlimits in binary for jail.c, then marshalled."""
     spec = unpack_spec(_read_fd(spec_fd))
     if spec is None:
         raise SetupError("bad run spec")

@@ -779,5 +779,8 @@ def main() -> ProgramRun | None:
     try:
         z.serve(sock)
     except RunProgram as e:  # only ever in a child: see RunProgram
+        # Not closed: the program closes every descriptor above 3 anyway, and a socket that
+        # is freed open formats a ResourceWarning first (its repr, ~50 copy-on-write faults).
+        sock.detach()
         return e.run
     return None
