@@ -29,6 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
     global _ENV_DIR
     if not os.environ.get("SANDLOOP_ENV_DIR"):
         _ENV_DIR = tempfile.mkdtemp(prefix="sandloop-test-envs-")
+        # As the real store (/var/lib/sandloop/envs): other users may enter it, so that
+        # unisolated runs (an unprivileged uid) can start the environment's interpreter.
+        os.chmod(_ENV_DIR, 0o755)
         os.environ["SANDLOOP_ENV_DIR"] = _ENV_DIR
 
 

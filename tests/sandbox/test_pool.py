@@ -66,6 +66,34 @@ async def test_unisolated_interpreter_other_users_cannot_run(tmp_path: Path) -> 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
+async def test_unisolated_default_interpreter_falls_back_when_others_cannot_run_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usual set-up as root: sandloop's own interpreter under /root (0700). Not named by the
+    # caller, it is replaced by one the run uid can start (the real one behind a venv link, else
+    # the built-in environment's), rather than every Python run being a sandbox_error.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link = private / "python3"
+    link.symlink_to(_python_for_all())
+    wrapper = private / "wrapper"  # not a link: only the environment's interpreter is left
+    wrapper.write_text(f"#!/bin/sh\nexec {_python_for_all()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("SANDLOOP_PYTHON", raising=False)
+    for default, expect in ((link, os.path.realpath(link)), (wrapper, None)):
+        monkeypatch.setattr(sys, "executable", str(default))
+        async with SandboxPool(1, isolation="none") as pool:
+            r = await pool.run(Program(source="import sys; print(sys.executable)"))
+            assert pool.unisolated is not None and pool.unisolated.python_error is None
+        assert r.status is Status.OK, (r.status, r.error)
+        ran_on = r.stdout.strip()
+        assert not ran_on.startswith(str(private)), ran_on
+        if expect is not None:
+            assert ran_on == expect
+        else:
+            assert ran_on.endswith("/tree/python/bin/python3"), ran_on  # the environment's
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has another uid to switch to")
 async def test_unisolated_collect_does_not_follow_planted_links() -> None:
     # The supervisor (root) reads collected files back from a directory the program (not root)
     # owns: a symlink or a hard link to a root-only file must not be read for it.

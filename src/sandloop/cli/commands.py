@@ -114,6 +114,8 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Report which isolation features work on this host and what `exec` will use."""
+    import asyncio
+
     from rich.console import Console
     from rich.table import Table
 
@@ -121,9 +123,8 @@ def doctor(
     from sandloop.sandbox.jailbuild import find_jail
     from sandloop.sandbox.languages import LanguageUnavailable, spec_for
     from sandloop.sandbox.models import LANGUAGES
-    from sandloop.sandbox.pool import DEFAULT_UID_BASE
+    from sandloop.sandbox.pool import DEFAULT_UID_BASE, unisolated_interpreter
     from sandloop.sandbox.slot import default_python
-    from sandloop.sandbox.unisolated import unisolated_identity
 
     report = host.probe()
     langs = {}
@@ -136,8 +137,9 @@ def doctor(
     slots = os.cpu_count() or 1
     jail = find_jail()
     # Who --no-isolation runs programs as: never root (see sandbox/unisolated.py).
-    none_as = unisolated_identity(default_python(),
-                                  DEFAULT_UID_BASE if os.geteuid() == 0 else None)
+    none_python, none_as = asyncio.run(unisolated_interpreter(
+        default_python(), DEFAULT_UID_BASE if os.geteuid() == 0 else None,
+        given=bool(os.environ.get("SANDLOOP_PYTHON"))))
     if as_json:
         print(json.dumps({
             "level": report.level,
@@ -149,6 +151,7 @@ def doctor(
             "child_setup": "c" if jail.path else "python",
             "child_setup_detail": jail.detail,
             "unisolated_identity": {"uid": none_as.uid, "detail": none_as.describe(),
+                                    "python": none_python,
                                     "python_error": none_as.python_error},
         }))
         raise typer.Exit(0 if report.full else 1)
@@ -179,7 +182,7 @@ def doctor(
                   "--no-isolation.")
     out.print(f"--no-isolation runs programs {none_as.describe()}"
               + (f"\n[red]but Python programs cannot run then:[/] {none_as.python_error}"
-                 if none_as.python_error else ""))
+                 if none_as.python_error else f"; Python programs on {none_python}"))
     raise typer.Exit(0 if report.full else 1)
 
 

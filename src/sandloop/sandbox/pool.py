@@ -188,6 +188,40 @@ def workspace_mb(limits: Limits) -> int:
     return max(1, min(limits.workdir_mb, limits.memory_mb))
 
 
+async def unisolated_interpreter(
+        python: str, uid: int | None, *, given: bool, resolver: EnvResolver | None = None,
+        environment: str | Environment | None = None) -> tuple[str, UnisolatedIdentity]:
+    """The interpreter isolation='none' runs Python programs on, and the identity it runs as.
+
+    The usual set-up as root puts the checkout (and its .venv) under /root, mode 0700, which
+    the unprivileged run uid cannot enter. Rather than fail every Python run, an interpreter
+    the caller did not name (``given``) is replaced by the real one behind the venv, else by
+    the environment's copy (the one isolated runs use); one the caller named never is."""
+    loop = asyncio.get_running_loop()
+    who = await loop.run_in_executor(None, unisolated_identity, python, uid)
+    if who.python_error is None or given:
+        return python, who
+    candidates = []
+    if os.path.realpath(python) != python:
+        candidates.append(os.path.realpath(python))
+    try:
+        resolver = resolver or EnvResolver()
+        if isinstance(environment, Environment):
+            env = environment
+        else:
+            env = resolver.environment(await resolver.info(environment or "python"))
+        if env.host_python is not None:
+            candidates.append(str(env.host_python))
+    except EnvError as e:
+        logger.debug("no environment interpreter for unisolated runs: %s", e)
+    for alt in candidates:
+        alt_who = await loop.run_in_executor(None, unisolated_identity, alt, uid)
+        if alt_who.python_error is None:
+            logger.info("isolation='none': %s; Python programs run on %s", who.python_error, alt)
+            return alt, alt_who
+    return python, who
+
+
 class SandboxPool:
     """Warm fork-server slots that run untrusted programs with every isolation layer on.
 
@@ -248,6 +282,7 @@ class SandboxPool:
         self._shrinker: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[None]] = set()  # slots being added
         self.isolation = isolation
+        self._python_given = bool(python or os.environ.get("SANDLOOP_PYTHON"))
         self.python = python or default_python()
         self.uid_base = uid_base
         self.max_runs_per_slot = max_runs_per_slot
@@ -338,8 +373,9 @@ class SandboxPool:
                                                          self.size)
         for i in range(self.size):
             self._unisolated_uids.put_nowait(self.uid_base + i)
-        self.unisolated = await asyncio.get_running_loop().run_in_executor(
-            None, unisolated_identity, self.python, self.uid_base)
+        self.python, self.unisolated = await unisolated_interpreter(
+            self.python, self.uid_base, given=self._python_given, resolver=self._envs,
+            environment=self._env_ref)
 
     async def close(self) -> None:
         pools, self._env_pools = list(self._env_pools.values()), {}
