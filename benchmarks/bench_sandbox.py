@@ -181,8 +181,8 @@ async def language_rows(pool: SandboxPool, n: int, cores: int, tmp: str) -> None
         artifact = built.files[spec.binary]
         prog = Program(language="bash", source=spec.run_script(), stdin="21",
                        files={spec.binary: artifact})
-        await measure(3, cores, isolated_runner(pool, prog))  # warm-up
-        lat, rps = await measure(n, cores, isolated_runner(pool, prog))
+        await measure(3, cores, isolated_runner(pool, prog, "42\n"))  # warm-up
+        lat, rps = await measure(n, cores, isolated_runner(pool, prog, "42\n"))
         print(f"  {lang:<11} compile {compile_s * 1000:7.0f} ms   run step "
               f"{statistics.median(r.wall_time_s for r in full) * 1000:6.1f} ms   "
               + row("artifact runs", lat, rps))
