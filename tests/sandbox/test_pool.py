@@ -311,3 +311,15 @@ async def test_a_zygote_holds_little_beyond_its_preload() -> None:
         assert extra < 1536, f"the zygote holds {extra} KiB more than its imports need"
     finally:
         plain.communicate(b"")
+
+
+async def test_a_wall_limit_that_ends_before_the_program_starts_is_a_timeout() -> None:
+    # time_s below the set-up time: the supervisor kills the prepared child before the request
+    # reached it. That was taken for a child lost while idle, retried once, then reported as a
+    # sandbox_error (about 1 run in 20 at 0.1 ms) -- a verdict any request could dodge into.
+    async with SandboxPool(2) as pool:
+        results = await pool.run_batch(
+            [Program(source="print(1)", files={"a.txt": "x" * 5000})] * 90,
+            [Limits(time_s=t) for t in (1e-4, 2e-4, 5e-4) * 30])
+    statuses = {r.status for r in results}
+    assert statuses <= {Status.TIMEOUT, Status.OK}, [r.error for r in results if r.error]

@@ -140,9 +140,11 @@ class StepOutcome:
     @property
     def lost_before_start(self) -> bool:
         """The prepared child died before the request reached it (killed while idle): the run
-        never started, so its "exit" is not the program's."""
+        never started, so its "exit" is not the program's. Not when the supervisor killed it
+        itself: a wall limit that ran out before the program started (``time_s=1e-4``) is that
+        request's timeout, not a lost child to retry and then report as a sandbox_error."""
         return (self.wait_status is not None and not self.started and self.setup_error is None
-                and self.files_error is None)
+                and self.files_error is None and self.killed_for is None)
 
 
 class _Capture:
