@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,22 +88,29 @@ def _java_type(t: SigType) -> str:
     return _JAVA_TYPES[t.scalar] + "[]" * t.depth
 
 
+def _quoted(codes: Sequence[int], ascii_control: str, other: Callable[[int], str]) -> str:
+    """A double-quoted literal of the code points (or UTF-16 units) ``codes``: printable ASCII
+    as is, quote and backslash escaped, other ASCII as ``ascii_control % code``, the rest as
+    ``other(code)`` (each language's own escape)."""
+    out = ['"']
+    for o in codes:
+        if o in (0x22, 0x5C):
+            out.append("\\" + chr(o))
+        elif 0x20 <= o < 0x7F:
+            out.append(chr(o))
+        elif o < 0x80:
+            out.append(ascii_control % o)
+        else:
+            out.append(other(o))
+    out.append('"')
+    return "".join(out)
+
+
 def _java_string(s: str) -> str:
     # Java turns \\uXXXX escapes into characters before it reads the source, so an escaped
     # quote or newline would end the literal: ASCII controls go as octal escapes, and only
     # characters above ASCII as \\uXXXX (UTF-16 units, surrogate pairs for the rest).
-    out = ['"']
-    for unit in _utf16_units(s):
-        if unit in (0x22, 0x5C):
-            out.append("\\" + chr(unit))
-        elif 0x20 <= unit < 0x7F:
-            out.append(chr(unit))
-        elif unit < 0x80:
-            out.append(f"\\{unit:03o}")
-        else:
-            out.append(f"\\u{unit:04x}")
-    out.append('"')
-    return "".join(out)
+    return _quoted(_utf16_units(s), "\\%03o", lambda u: f"\\u{u:04x}")
 
 
 def _utf16_units(s: str) -> list[int]:
@@ -229,21 +236,8 @@ def _go_type(t: SigType) -> str:
 
 
 def _go_string(s: str) -> str:
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif 0x20 <= o < 0x7F:
-            out.append(ch)
-        elif o < 0x80:
-            out.append(f"\\x{o:02x}")
-        elif o < 0x10000:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    out.append('"')
-    return "".join(out)
+    return _quoted([ord(c) for c in s], "\\x%02x",
+                   lambda o: f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
 
 
 def _go_literal(t: SigType, v: Any) -> str:
@@ -371,19 +365,7 @@ def _go(entry: str, params: list[SigType], calls: list[list[Any]]) -> str:
 
 
 def _rust_string(s: str) -> str:
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif 0x20 <= o < 0x7F:
-            out.append(ch)
-        elif o < 0x80:
-            out.append(f"\\x{o:02x}")
-        else:
-            out.append(f"\\u{{{o:x}}}")
-    out.append('"')
-    return "".join(out)
+    return _quoted([ord(c) for c in s], "\\x%02x", lambda o: f"\\u{{{o:x}}}")
 
 
 def _rust_literal(t: SigType, v: Any) -> str:
