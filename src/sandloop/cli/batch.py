@@ -89,7 +89,7 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
     """Run the batch; returns the exit code: 3 if a run hit a sandbox_error, else 2 if a line
     was invalid, else 0 (a program's own failure is a result, not an error)."""
     from sandloop import _aio as aio
-    from sandloop.cli.score import open_result_store
+    from sandloop.cli.store_open import open_result_store
     from sandloop.sandbox.requests import BatchRequestError, parse_request_lines
     from sandloop.store import StoreError
 
