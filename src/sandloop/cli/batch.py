@@ -158,19 +158,21 @@ async def _run(lines: list[Line], slots: int | None, isolation: str, store: Resu
                ray: str | None = None) -> None:
     """Vet the limits, take stored results (``resume``), run the rest through the engine, and
     print JSONL in input order as soon as each prefix is done."""
-    from sandloop.cli.cluster import results_stdout
+    from sandloop.cli.output import results_stdout
 
     printed = 0
     out = sys.stdout  # the results' stream: stdout, kept apart from Ray's prints below
 
     def flush() -> None:
         nonlocal printed
+        start = printed
         while printed < len(lines) and (lines[printed].result is not None
                                         or lines[printed].error is not None):
-            if print_jsonl:
-                out.write(lines[printed].to_json() + "\n")
-                out.flush()
             printed += 1
+        if print_jsonl and printed > start:
+            # One write and flush for the whole ready prefix, not one per line.
+            out.write("".join(ln.to_json() + "\n" for ln in lines[start:printed]))
+            out.flush()
 
     # On Ray, stdout carries the results only (Ray's driver prints its events there).
     with results_stdout(ray is not None) as results:

@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
-from sandloop.cli.cluster import results_stdout
 from sandloop.cli.exits import ExitCode, one_line
-from sandloop.cli.output import Progress, info
+from sandloop.cli.output import Progress, info, results_stdout
 from sandloop.cli.store_open import open_result_store
 from sandloop.engine import Engine
 from sandloop.engine.cluster import ClusterUnavailable
