@@ -8,8 +8,9 @@ running ``subprocess.run([python, prog_i.py])`` for every program. They alternat
 rounds (exec-batch, bare, exec-batch, ...), so that a burst of load on a shared machine weighs on
 both alike, and every round checks its results: exec-batch must exit 0 and print exactly N lines,
 each ``"status": "ok"``; every bare run must exit 0. Printed: each round's two walls, then the
-median wall, runs/s and the ratio exec-batch / bare (issue 22's target: <= 0.35), and the least
-ratio of a round.
+median wall, runs/s and the ratio exec-batch / bare (issue 22's target: <= 0.35), the least
+ratio of a round, and the CPU of each side's process tree per run (``getrusage`` of the waited-for
+children: less noisy than the wall where other jobs share the machine).
 
 sandloop's own modules are compiled to bytecode first (``compileall``), as an installed package
 is: with ``PYTHONDONTWRITEBYTECODE=1`` and no ``__pycache__`` (a source checkout here), every
@@ -25,6 +26,7 @@ import compileall
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,33 +45,40 @@ def compile_sandloop() -> None:
     compileall.compile_dir(next(iter(spec.submodule_search_locations)), quiet=1)
 
 
-def exec_batch(batch: Path, n: int, slots: int | None) -> float:
-    """Wall of one exec-batch subprocess over ``batch``; checks every result is ok."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every waited-for child process so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def exec_batch(batch: Path, n: int, slots: int | None) -> tuple[float, float]:
+    """Wall and CPU of one exec-batch subprocess over ``batch``; checks every result is ok."""
     cmd = [sys.executable, "-m", "sandloop", "--quiet", "exec-batch", "--no-db", str(batch)]
     if slots is not None:
         cmd += ["--slots", str(slots)]
-    t = time.perf_counter()
+    c, t = children_cpu(), time.perf_counter()
     r = subprocess.run(cmd, capture_output=True)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, children_cpu() - c
     assert r.returncode == 0, (r.returncode, r.stderr.decode()[-2000:])
     lines = r.stdout.decode().splitlines()
     assert len(lines) == n, f"exec-batch printed {len(lines)} results for {n} programs"
     bad = [ln for ln in lines if json.loads(ln)["status"] != "ok"]
     assert not bad, f"{len(bad)} results not ok, e.g. {bad[0][:500]}"
-    return wall
+    return wall, cpu
 
 
-def bare(progs: list[Path], threads: int) -> float:
-    """Wall of running every program bare (``python prog.py``) from ``threads`` threads."""
+def bare(progs: list[Path], threads: int) -> tuple[float, float]:
+    """Wall and CPU of running every program bare (``python prog.py``) from ``threads``
+    threads."""
     def one(p: Path) -> int:
         return subprocess.run([sys.executable, str(p)], capture_output=True).returncode
 
-    t = time.perf_counter()
+    c, t = children_cpu(), time.perf_counter()
     with ThreadPoolExecutor(threads) as ex:
         codes = list(ex.map(one, progs))
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, children_cpu() - c
     assert codes == [0] * len(progs), f"{sum(c != 0 for c in codes)} bare runs failed"
-    return wall
+    return wall, cpu
 
 
 def main() -> None:
@@ -94,22 +103,27 @@ def main() -> None:
               f"`python prog.py` from {args.threads} threads; {args.rounds} alternating rounds, "
               f"start-up included\n")
         walls: list[tuple[float, float]] = []
+        cpus: list[tuple[float, float]] = []
         for r in range(args.rounds):
-            iso = exec_batch(batch, args.n, args.slots)
-            raw = bare(progs, args.threads)
+            iso, iso_cpu = exec_batch(batch, args.n, args.slots)
+            raw, raw_cpu = bare(progs, args.threads)
             walls.append((iso, raw))
-            print(f"round {r + 1}: exec-batch {iso:6.2f} s   bare {raw:6.2f} s   "
-                  f"ratio {iso / raw:.3f}")
+            cpus.append((iso_cpu, raw_cpu))
+            print(f"round {r + 1}: exec-batch {iso:6.2f} s (CPU {iso_cpu:5.2f} s)   "
+                  f"bare {raw:6.2f} s (CPU {raw_cpu:5.2f} s)   ratio {iso / raw:.3f}")
     iso_m = statistics.median(w[0] for w in walls)
     raw_m = statistics.median(w[1] for w in walls)
     ratio = iso_m / raw_m
     best = min(w[0] / w[1] for w in walls)
-    print(f"\n{'':12}{'median wall':>12}{'runs/s':>10}")
-    print(f"{'exec-batch':12}{iso_m:10.2f} s{args.n / iso_m:10.0f}")
-    print(f"{'bare':12}{raw_m:10.2f} s{args.n / raw_m:10.0f}")
+    iso_c = statistics.median(c[0] for c in cpus)
+    raw_c = statistics.median(c[1] for c in cpus)
+    print(f"\n{'':12}{'median wall':>12}{'runs/s':>10}{'CPU per run':>14}")
+    print(f"{'exec-batch':12}{iso_m:10.2f} s{args.n / iso_m:10.0f}{1000 * iso_c / args.n:11.2f} ms")
+    print(f"{'bare':12}{raw_m:10.2f} s{args.n / raw_m:10.0f}{1000 * raw_c / args.n:11.2f} ms")
     verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
     print(f"\nratio exec-batch / bare (medians): {ratio:.3f} (target <= {TARGET_RATIO}: {verdict});"
-          f" best round {best:.3f}")
+          f" best round {best:.3f}; CPU ratio {iso_c / raw_c:.3f} (steadier where the machine is"
+          " shared)")
 
 
 if __name__ == "__main__":
