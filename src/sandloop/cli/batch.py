@@ -89,7 +89,7 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
     """Run the batch; returns the exit code: 3 if a run hit a sandbox_error, else 2 if a line
     was invalid, else 0 (a program's own failure is a result, not an error)."""
     from sandloop import _aio as aio
-    from sandloop.cli.score import open_result_store
+    from sandloop.cli.store_open import open_result_store
     from sandloop.sandbox.requests import BatchRequestError, parse_request_lines
     from sandloop.store import StoreError
 
@@ -158,19 +158,21 @@ async def _run(lines: list[Line], slots: int | None, isolation: str, store: Resu
                ray: str | None = None) -> None:
     """Vet the limits, take stored results (``resume``), run the rest through the engine, and
     print JSONL in input order as soon as each prefix is done."""
-    from sandloop.cli.cluster import results_stdout
+    from sandloop.cli.output import results_stdout
 
     printed = 0
     out = sys.stdout  # the results' stream: stdout, kept apart from Ray's prints below
 
     def flush() -> None:
         nonlocal printed
+        start = printed
         while printed < len(lines) and (lines[printed].result is not None
                                         or lines[printed].error is not None):
-            if print_jsonl:
-                out.write(lines[printed].to_json() + "\n")
-                out.flush()
             printed += 1
+        if print_jsonl and printed > start:
+            # One write and flush for the whole ready prefix, not one per line.
+            out.write("".join(ln.to_json() + "\n" for ln in lines[start:printed]))
+            out.flush()
 
     # On Ray, stdout carries the results only (Ray's driver prints its events there).
     with results_stdout(ray is not None) as results:

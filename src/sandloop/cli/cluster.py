@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sandloop.cli.exits import ExitCode, print_error
+from sandloop.cli.output import results_stdout as results_stdout  # its former home
 
 cluster_app = typer.Typer(help="The Ray cluster sandloop runs on (docs/cluster.md).",
                           no_args_is_help=True)
-
-@contextlib.contextmanager
-def results_stdout(on_ray: bool) -> Iterator[TextIO]:
-    """Yield the stream a command's results go to (stdout).
-
-    On Ray, ``sys.stdout`` points at stderr meanwhile: Ray's driver prints cluster events ("the
-    node ... has been marked dead", raylet log tails) with ``print`` to ``sys.stdout`` whatever
-    ``log_to_driver`` says, and stdout must carry the results only.
-    """
-    real = sys.stdout
-    if not on_ray:
-        yield real
-        return
-    sys.stdout = sys.stderr
-    try:
-        yield real
-    finally:
-        sys.stdout = real
-
 
 _COLUMNS = ("slots", "running", "queued", "runs", "runs_per_s", "failures", "sessions")
 

@@ -64,7 +64,7 @@ def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
 def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
             no_isolation: bool) -> tuple[set[str], object]:
     """(task ids, async scoring function) through the ``sandloop score`` path."""
-    from sandloop.cli.score import open_result_store
+    from sandloop.cli.store_open import open_result_store
     from sandloop.engine import Engine
     from sandloop.reward.scoring import score_all
     from sandloop.reward.verdicts import RewardConfig

@@ -7,9 +7,11 @@ is never silent. ``--quiet`` turns both off (errors are still printed).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
 
-__all__ = ["DEFAULT_INTERVAL_S", "Progress", "State", "info", "state"]
+__all__ = ["DEFAULT_INTERVAL_S", "Progress", "State", "info", "results_stdout", "state"]
 
 DEFAULT_INTERVAL_S = 10.0
 
@@ -140,3 +142,22 @@ class Progress:
             if self._ticks or exc_type is not None:
                     self._write(f"{self.what}: {self.done}/{self.total} in {elapsed:.1f} s"
                             + (" (interrupted)" if exc_type is not None else ""))
+
+
+@contextlib.contextmanager
+def results_stdout(on_ray: bool) -> Iterator[TextIO]:
+    """Yield the stream a command's results go to (stdout).
+
+    On Ray, ``sys.stdout`` points at stderr meanwhile: Ray's driver prints cluster events ("the
+    node ... has been marked dead", raylet log tails) with ``print`` to ``sys.stdout`` whatever
+    ``log_to_driver`` says, and stdout must carry the results only.
+    """
+    real = sys.stdout
+    if not on_ray:
+        yield real
+        return
+    sys.stdout = sys.stderr
+    try:
+        yield real
+    finally:
+        sys.stdout = real

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sandloop import _aio as aio
-from sandloop.cli.cluster import results_stdout
 from sandloop.cli.exits import ExitCode, one_line
-from sandloop.cli.output import Progress, info
+from sandloop.cli.output import Progress, info, results_stdout
+from sandloop.cli.store_open import open_result_store
 from sandloop.engine import Engine
 from sandloop.engine.cluster import ClusterUnavailable
 from sandloop.errors import MonitorError
@@ -34,7 +34,7 @@ from sandloop.reward.verifier import CompletionResult, Verifier
 from sandloop.sandbox.slot import preload_with
 from sandloop.settings import Settings, load_settings
 from sandloop.settings import default_db_path as project_db_path
-from sandloop.store import ResultStore, StoreError
+from sandloop.store import StoreError
 from sandloop.tasks import Task, TaskFormatError, load_tasks
 
 __all__ = ["DEMO_COMPLETIONS", "default_db_path", "demo_completions_path", "open_result_store",
@@ -50,20 +50,6 @@ def default_db_path() -> Path:
     """``$SANDLOOP_DB``, the config file's ``db``, else one store per project in the cache
     (:func:`sandloop.settings.default_db_path`)."""
     return project_db_path()
-
-
-def open_result_store(db: Path | None, no_db: bool,
-                      settings: Settings | None = None) -> ResultStore | None:
-    """The result store of a command: ``--db``, else the project's (:func:`default_db_path`);
-    None with ``--no-db``. Raises StoreError naming the path when it cannot be opened."""
-    if no_db:
-        return None
-    path = db or project_db_path(settings)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return ResultStore(path)
-    except (StoreError, OSError) as e:
-        raise StoreError(f"result store {path}: {e}") from None
 
 
 def demo_completions_path() -> Path:

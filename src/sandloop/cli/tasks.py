@@ -203,7 +203,7 @@ def _validate(task_list: list[Task], against: Sequence[Task], cfg: Any, db: Path
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sandloop import _aio as aio
-    from sandloop.cli.score import open_result_store
+    from sandloop.cli.store_open import open_result_store
     from sandloop.curation.validate import validate_tasks
     from sandloop.engine import Engine
     from sandloop.store import StoreError
