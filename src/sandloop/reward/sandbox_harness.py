@@ -72,7 +72,7 @@ class TestTimeout(BaseException):
 
 # ----------------------------------------------------------------------------------------------
 # Framing: 4-byte big-endian length + body, on the raw descriptors of a socket pair (no socket
-# objects: fewer syscalls and fewer pages touched per call, which is most of a run's cost).
+# objects: fewer syscalls and fewer pages touched per call; a run's CPU is mostly page faults).
 # Driver to worker: marshal, read only by the worker (the driver is trusted, and marshal is
 # the cheapest to build and to read). Worker to driver: JSON, which the driver can read safely
 # whatever the worker sends (marshal cannot: a crafted stream may crash the reader).
