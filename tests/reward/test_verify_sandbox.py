@@ -300,6 +300,26 @@ def test_functions_returning_bools_score_1_through_the_sandbox(sandbox: PoolThre
         assert ints_r.reward == (1.0 if mode == "python" else 0.0), (mode, ints_r.tests)
 
 
+def test_completion_sees_no_module_entry_left_by_the_harness(sandbox: PoolThread) -> None:
+    """The harness's stub puts a None ``sandloop`` entry in sys.modules while it loads the value
+    codec (so that its ``from sandloop.errors import`` fails at once); none may be left for the
+    completion, whose ``import sandloop`` must fail as in any interpreter without sandloop."""
+    task = Task(id="modules", entry_point="probe",
+                public_tests=(CallTest(name="t", args=[], expected=[False, "ModuleNotFoundError"]),))
+    probe = """\
+import sys
+def probe():
+    try:
+        import sandloop
+        err = None
+    except ImportError as e:
+        err = type(e).__name__
+    return ["sandloop" in sys.modules, err]
+"""
+    r = sandbox.all([Verifier(sandbox.pool.run).verify(task, probe)])[0]
+    assert r.reward == 1.0, r.tests
+
+
 # Typed values that must cross the sandbox boundary intact, and, per mode, a look-alike.
 _TRICKY: list[tuple[str, str, str]] = [  # (name, the value's literal, a look-alike's literal)
     ("none", "None", "0"),

@@ -105,7 +105,12 @@ def _load(name):
         return compile(f.read(), name, "exec")
 _m = types.ModuleType("_sl_values")
 _m.__file__ = os.path.join(_here, "_sl_values.py")
+# values.py first tries ``from sandloop.errors import ...``, which fails here only after a search
+# of every path entry (~0.35 ms, ~50 copy-on-write faults); a None entry fails it at once.
+_sl = sys.modules.setdefault("sandloop", None)
 exec(_load("_sl_values.py"), _m.__dict__)
+if _sl is None:
+    del sys.modules["sandloop"]
 sys.modules["_sl_values"] = _m
 exec(_load("_sl_harness.py"), globals())
 """
