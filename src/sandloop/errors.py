@@ -20,8 +20,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │                                    IdempotencyConflict (InputError), SessionFull (InputError),
     │                                    QueueFull, ResourceTooLarge (InputError), Session*,
     │                                    JournalError
-    ├── TaskError                        task data: TaskFormatError, ValueCodecError, LabelError
-    │                                    (InputError)
+    ├── TaskError                        task data: TaskFormatError, ValueCodecError, LabelError,
+    │                                    PatchError, SignatureError (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
     ├── EnvError                         runtime environments: SpecError (InputError),

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sandloop.errors import InputError, TaskError
 from sandloop.tasks.values import ValueCodecError, decode
 
 __all__ = ["INT_RANGE", "SAFE_INT_RANGE", "SCALARS", "SigType", "SignatureError", "check_value", "parse_type"]
@@ -37,7 +38,7 @@ MAX_NESTING = 8
 _TYPE_RE = re.compile(r"\s*(int|float|bool|str|list)\s*")
 
 
-class SignatureError(ValueError):
+class SignatureError(TaskError, InputError):
     """A type that is not in the notation, or a value that does not fit its declared type."""
 
 
