@@ -4,6 +4,7 @@ sync ones), to keep the suite fast."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -81,3 +82,18 @@ def sandbox() -> Iterator[PoolThread]:
         yield p
     finally:
         p.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_left_on_a_closed_stream() -> Iterator[None]:
+    """A test must not leave a log handler writing to a stream that is closed by its end (a
+    ``StreamHandler`` made while pytest captured ``sys.stderr``): every later record through it
+    prints ``--- Logging error ---`` in some other test. Checked after the test's own fixtures
+    (capsys included) are torn down; only sandloop's and uvicorn's loggers and the root."""
+    yield
+    names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in ("sandloop",
+                                                                                "uvicorn")]
+    stale = [f"{lg.name}: {h!r}" for lg in [logging.root, *map(logging.getLogger, names)]
+             for h in lg.handlers
+             if isinstance(h, logging.StreamHandler) and getattr(h.stream, "closed", False)]
+    assert not stale, f"log handlers left on a closed stream: {stale}"

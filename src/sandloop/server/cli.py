@@ -70,7 +70,7 @@ def serve_command(
     import uvicorn
 
     from sandloop.server.app import create_app
-    from sandloop.server.observability import configure_logging, log
+    from sandloop.server.observability import log, logging_configured
 
     if max_body_mb <= 0:
         raise ConfigError(f"--max-body-mb {max_body_mb} must be > 0")
@@ -90,21 +90,22 @@ def serve_command(
                           max_memory_mb=(ServerConfig.max_memory_mb if max_memory_mb is None
                                          else max_memory_mb))
     check_config(config)
-    configure_logging(log_level)
     sock = bind(host, port)
-    app = create_app(config, keys=keys)
+    # The server's JSON logging holds while it serves and is undone after: `serve` run in
+    # process (tests, tools) must leave no handler behind on a stream that will be closed.
+    with sock, logging_configured(log_level):
+        app = create_app(config, keys=keys)
 
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if self.started and not self.should_exit:  # the lifespan started, the port listens
-                log.info("ready", extra={"host": host, "port": port, "keys": keys.enabled,
-                                         "slots": _slots(app)})
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets)
+                if self.started and not self.should_exit:  # the lifespan started, it listens
+                    log.info("ready", extra={"host": host, "port": port, "keys": keys.enabled,
+                                             "slots": _slots(app)})
 
-    server = Server(uvicorn.Config(
-        app, host=host, port=port, log_config=None, access_log=False, log_level=log_level,
-        timeout_graceful_shutdown=int(config.graceful_shutdown_s)))
-    with sock:
+        server = Server(uvicorn.Config(
+            app, host=host, port=port, log_config=None, access_log=False, log_level=log_level,
+            timeout_graceful_shutdown=int(config.graceful_shutdown_s)))
         server.run(sockets=[sock])
 
 

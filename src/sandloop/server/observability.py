@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fastapi import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
     from sandloop.engine import Engine
 
-__all__ = ["JsonFormatter", "Metrics", "RequestMiddleware", "configure_logging", "log"]
+__all__ = ["JsonFormatter", "Metrics", "RequestMiddleware", "StderrHandler", "configure_logging",
+           "log", "logging_configured"]
 
 log = logging.getLogger("sandloop.server")
 
@@ -52,14 +55,63 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """A handler writing to whatever ``sys.stderr`` is when a record is emitted.
+
+    ``logging.StreamHandler()`` keeps the ``sys.stderr`` of the moment it was made: a server
+    configured while ``sys.stderr`` was a temporary stream (a test's capture, an embedding
+    tool's redirect) then writes every later record to that stream, closed by then
+    (``--- Logging error ---`` for each request). Looking it up per record, as logging's own
+    last-resort handler does, cannot go stale."""
+
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        logging.Handler.__init__(self, level)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:  # StreamHandler.setStream; always sys.stderr
+        pass
+
+
+# The loggers ``sandloop serve`` writes: its own and uvicorn's (whose levels uvicorn.Config
+# sets too, so they are restored with the rest).
+_SERVER_LOGGERS = ("sandloop.server", "uvicorn", "uvicorn.error", "uvicorn.access",
+                   "uvicorn.asgi")
+
+
 def configure_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler()
+    """JSON log lines on stderr for the server's loggers, at ``level``. Idempotent: calling it
+    again changes the level and leaves one handler, never a second. See also
+    :func:`logging_configured`, which undoes it."""
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter())
-    for name in ("sandloop.server", "uvicorn", "uvicorn.error"):
+    for name in _SERVER_LOGGERS:
         lg = logging.getLogger(name)
-        lg.handlers[:] = [handler]
+        # Only the server's own JSON handler is replaced; whatever else an embedding program
+        # or a test framework attached stays (and sees nothing: propagation is off).
+        lg.handlers[:] = [h for h in lg.handlers if not isinstance(h, StderrHandler)]
+        lg.addHandler(handler)
         lg.setLevel(level.upper())
         lg.propagate = False
+
+
+@contextlib.contextmanager
+def logging_configured(level: str = "info") -> Iterator[None]:
+    """:func:`configure_logging` for the block, then the loggers as they were (handlers, levels,
+    propagation): ``sandloop serve`` run in-process (tests, tools) leaves logging unchanged."""
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate)
+             for lg in map(logging.getLogger, _SERVER_LOGGERS)]
+    configure_logging(level)
+    try:
+        yield
+    finally:
+        for lg, handlers, lvl, propagate in saved:
+            lg.handlers[:] = handlers
+            lg.setLevel(lvl)
+            lg.propagate = propagate
 
 
 class _EngineCollector(Collector):
