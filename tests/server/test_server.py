@@ -16,6 +16,7 @@ from live import LiveServer, pool_uid_range, processes_in
 
 from sandloop.server import KeyStore, check_bind
 from sandloop.server.auth import hash_token
+from sandloop.server.config import ConfigError
 
 
 def test_run_batch_stream(server: LiveServer) -> None:
@@ -130,7 +131,7 @@ def test_refuses_non_loopback_without_keys(tmp_path: Path) -> None:
     for host in ("0.0.0.0", "10.1.2.3", "example.com"):
         try:
             check_bind(host, False)
-        except ValueError as e:
+        except ConfigError as e:
             assert "without API keys" in str(e)
         else:
             raise AssertionError(host)

@@ -62,7 +62,7 @@ def serve_command(
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
     the port is bound, and the port is bound before the sandboxes start; "ready" is logged once
     the port listens. Raises ConfigError for a setting out of range or a port that cannot be
-    bound, ValueError for a non-loopback ``host`` without API keys, KeysFileError for a bad keys
+    bound or a non-loopback ``host`` without API keys, KeysFileError for a bad keys
     file, UsageLedgerError when the quota ledger cannot be opened, RolloutLogError when
     ``rollout_log`` is not a usable SQLite rollout log. ``max_batch``, ``max_time_s`` and
     ``max_memory_mb``: None takes ServerConfig's default (the CLI passes the project's

@@ -94,9 +94,9 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, keys_enabled: bool) -> None:
-    """Refuse to listen beyond loopback without API keys (raises ValueError)."""
+    """Refuse to listen beyond loopback without API keys (raises ConfigError, a ValueError)."""
     if not keys_enabled and not is_loopback(host):
-        raise ValueError(
+        raise ConfigError(
             f"refusing to listen on {host!r} without API keys: anyone who can reach it could "
             "run code. Create keys (sandloop add-key --keys-file keys.json "
             "--id NAME) and pass --api-keys-file, or listen on 127.0.0.1")
