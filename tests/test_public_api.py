@@ -42,6 +42,12 @@ PUBLIC = {
     "sandloop.episodes": ["Episode", "EpisodeConfig", "EpisodeFinished", "Grade", "SetupFailed",
                           "Shaping", "Snapshots", "TOOLS", "TOOL_NAMES", "check_arguments",
                           "episode", "shape_reward", "snapshots_of", "tool_schemas"],
+    "sandloop.envs": ["BUILTIN_ENVIRONMENTS", "BUILTIN_LANGUAGES", "Determinism", "EnvBuildError",
+                      "EnvInfo", "EnvNotFound", "EnvSpec", "EnvStore", "Environment",
+                      "MOUNT_POINT", "Mount", "Pin", "PythonSpec", "SpecError", "VerifyReport",
+                      "builtin_spec", "default_dir", "load_spec", "parse_spec"],
+    # The torch-free part (the loop itself, sandloop.train.loop, needs the train extra).
+    "sandloop.train": ["LivePoster", "RunMonitor"],
     "sandloop.errors": ["EngineError", "EnvError", "EpisodeError", "InputError",
                         "IntegrationError", "MonitorError",
                         "RewardError",
