@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sandloop import Limits, Program, SandboxPool, Status
@@ -119,7 +120,7 @@ async def bench_priority(k: int) -> None:
         async def flood() -> int:
             n = 0
 
-            async def feed() -> object:
+            async def feed() -> AsyncIterator[Program]:
                 while not stop.is_set():
                     yield flood_prog
 

@@ -83,7 +83,8 @@ def main() -> int:
         print(f"FAIL: clean run raised {mon_clean.alerts}", file=sys.stderr)
         return 1
 
-    totals, steps_ms, walls, clean_totals = [], [], [], []
+    steps_ms: list[float] = []
+    totals, walls, clean_totals = [], [], []
     for _ in range(a.repeat):
         total, per_step, _ = timed_pass(hacked)
         totals.append(total)

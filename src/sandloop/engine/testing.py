@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sandloop.engine.backends import WorkspaceLost
+from sandloop.engine.backends import Backend, WorkspaceLost
 from sandloop.engine.cluster import NodeInfo, NodeLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
@@ -136,6 +136,13 @@ class ScriptedBackend:
 
     async def close_workspace(self, workspace: object) -> None:
         self._live(workspace).closed = True
+
+
+def _implements_backend(backend: ScriptedBackend) -> Backend:
+    # Never called. mypy checks here that ScriptedBackend implements Backend with the same
+    # signatures (isinstance on the runtime-checkable protocol compares only names): a double
+    # that loses step with the protocol fails `make test`, not its users at run time.
+    return backend
 
 
 class _ScriptedNode:

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from sandloop.sandbox.pool import DEFAULT_PRELOAD
+from sandloop.sandbox.slot import preload_with
 from sandloop.server.auth import KeyStore
 from sandloop.server.config import ConfigError, ServerConfig, check_bind, check_config
 
@@ -80,7 +80,7 @@ def serve_command(
                           slots=slots,
                           isolation="none" if no_isolation else "full", journal=journal, db=db,
                           task_sets=tuple(task_sets), max_body_bytes=max_body_mb << 20,
-                          preload=(*DEFAULT_PRELOAD, *preload_extra) if preload_extra else None,
+                          preload=preload_with(preload_extra),
                           max_sessions=max_sessions,
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
