@@ -159,8 +159,13 @@ def test_client_disconnect_leaves_no_process(server: LiveServer) -> None:
         s.sendall(f"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
         socks.append(s)
-    time.sleep(0.8)
-    assert _sandbox_processes(server), "the runs should be going"
+    # Synchronise on the state needed (both slots running), not on a guess of how long it takes.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (server.state.engine.snapshot().running < 2
+                                           or not _sandbox_processes(server)):
+        time.sleep(0.02)
+    assert server.state.engine.snapshot().running == 2 and _sandbox_processes(server), \
+        "the runs should be going"
     for s in socks:
         s.close()
     deadline = time.monotonic() + 5
