@@ -105,6 +105,15 @@ def test_remote_scorer_with_the_server_down_says_so_in_one_error() -> None:
         scorer.score([ScoreItem("HumanEval/0", "    return False\n")])
     assert isinstance(info.value, IntegrationError) and f":{port}/v1/score" in str(info.value)
 
+    # The blocking call from code that runs an event loop (a sync reward function called by an
+    # async trainer): the same error, not asyncio.run's "cannot be called from a running loop".
+    async def from_a_loop() -> None:
+        with pytest.raises(RemoteScoringError, match="cannot reach the sandloop server"):
+            scorer.score([ScoreItem("HumanEval/0", "    return False\n")])
+
+    asyncio.run(from_a_loop())
+    scorer.close()
+
 
 def test_server_and_adapters_log_the_same_figures(server: LiveServer, monkeypatch: Any) -> None:
     # One definition of the extra logs (reward/trainer_logs.py): POST /get_reward, OpenRLHF's

@@ -214,7 +214,8 @@ class Scorer:
               step: int | None = None) -> list[CompletionResult]:
         """Blocking form of :meth:`ascore` (not from inside the engine's own loop)."""
         if self.url is not None:
-            results = asyncio.run(self._score_remote(items, step))
+            # The one sync bridge (not asyncio.run, which fails under a caller's running loop).
+            results = self._loop.call(self._score_remote(items, step))
             self._record(items, results, step)
             return results
         tasks = self.tasks
