@@ -3,7 +3,8 @@
 
     python examples/engine_journal.py [JOURNAL]   # default: a temporary file
 
-``resume()`` is an async iterator of ``(key, result)``: use ``async for``, not ``await``.
+``resume()`` is an async iterator of ``(key, result)`` as each job ends (``async for``);
+``await engine.resume()`` gives the list of all once they have.
 """
 
 import asyncio

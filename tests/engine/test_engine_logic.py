@@ -121,6 +121,23 @@ async def test_a_journalled_result_is_never_recomputed(tmp_path: Path) -> None:
     assert backend.calls == 1 and backend2.calls == 0 and e2.stats.from_journal == 1
 
 
+async def test_resume_is_iterated_or_awaited(tmp_path: Path) -> None:
+    # Jobs left pending by infrastructure failures; a new engine resumes them. `async for`
+    # yields each as it ends; `await engine.resume()` (the README once showed it, and it raised
+    # TypeError) gives the list of all.
+    db = tmp_path / "jobs.db"
+    async with Engine(ScriptedBackend(echo, fail_first=10), journal=db, max_attempts=1,
+                      retry_backoff_s=0.0) as e:
+        for k in ("a", "b"):
+            assert (await e.run(Program(source=k), key=k)).status is Status.SANDBOX_ERROR
+    async with Engine(ScriptedBackend(echo), journal=db) as e:
+        done = await e.resume()
+    assert sorted((k, r.stdout) for k, r in done) == [("a", "a"), ("b", "b")]
+    async with Engine(ScriptedBackend(echo), journal=db) as e:
+        assert [x async for x in e.resume()] == []  # nothing is left unfinished
+        assert await e.resume_graphs() == []
+
+
 async def test_session_files_persist_between_runs() -> None:
     def cat(program: Program, limits: Limits) -> ExecResult:
         content = program.files.get("state.txt", b"")

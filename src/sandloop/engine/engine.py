@@ -26,6 +26,7 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Generator,
     Hashable,
     Iterable,
     Sequence,
@@ -33,7 +34,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from sandloop.engine.backends import Backend, ElasticBackend, LocalBackend, declared_memory_mb
 from sandloop.engine.errors import (
@@ -55,6 +56,36 @@ from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Resumption(Generic[T]):
+    """What :meth:`Engine.resume` and :meth:`Engine.resume_graphs` return: an async iterator of
+    ``(key, result)`` as each job ends (``async for key, r in engine.resume()``), which can also
+    be awaited for the whole list once every job has ended (``done = await engine.resume()``)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: AsyncGenerator[T, None]) -> None:
+        self._items = items
+
+    def __aiter__(self) -> Resumption[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self._items.__anext__()
+
+    def __await__(self) -> Generator[Any, None, list[T]]:
+        return self._all().__await__()
+
+    async def _all(self) -> list[T]:
+        async with contextlib.aclosing(self._items) as items:
+            return [x async for x in items]
+
+    async def aclose(self) -> None:
+        """Stop early: what is still running goes on in the engine, nothing more is yielded."""
+        await self._items.aclose()
 
 __all__ = ["PRIORITIES", "ClientPolicy", "Engine", "EngineStats", "JobHandle"]
 
@@ -800,10 +831,15 @@ class Engine:
 
         return await execute_nodes(graph, run)
 
-    async def resume_graphs(self, *, priority: int | str | None = None,
-                            ) -> AsyncIterator[tuple[str, GraphResult]]:
+    def resume_graphs(self, *, priority: int | str | None = None,
+                      ) -> Resumption[tuple[str, GraphResult]]:
         """Run again every graph the journal holds as submitted but unfinished (after a
-        crash): only their unfinished nodes run. Yields ``(key, result)`` as each ends."""
+        crash): only their unfinished nodes run. Yields ``(key, result)`` as each ends; or
+        ``await`` it for the list of all."""
+        return Resumption(self._resume_graphs(priority))
+
+    async def _resume_graphs(self, priority: int | str | None,
+                             ) -> AsyncGenerator[tuple[str, GraphResult], None]:
         self._check_open()
         if self.journal is None:
             raise RuntimeError("resume_graphs() needs a journal: Engine(journal=path)")
@@ -850,11 +886,16 @@ class Engine:
             for i in range(k)))
         return aggregate(results, verdict)
 
-    async def resume(self, *, priority: int | str | None = None,
-                     ) -> AsyncIterator[tuple[str, ExecResult]]:
+    def resume(self, *, priority: int | str | None = None,
+               ) -> Resumption[tuple[str, ExecResult]]:
         """Run again every job the journal holds as submitted but unfinished (after a crash);
-        yield ``(key, result)`` as each finishes. Each runs once; resubmitting the same key
-        meanwhile joins it instead of running it twice."""
+        yield ``(key, result)`` as each finishes (``async for``), or ``await`` it for the list
+        of all. Each runs once; resubmitting the same key meanwhile joins it instead of running
+        it twice."""
+        return Resumption(self._resume(priority))
+
+    async def _resume(self, priority: int | str | None,
+                      ) -> AsyncGenerator[tuple[str, ExecResult], None]:
         self._check_open()
         if self.journal is None:
             raise RuntimeError("resume() needs a journal: Engine(journal=path)")
