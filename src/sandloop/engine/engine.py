@@ -1080,6 +1080,8 @@ class Engine:
             # the run; its journal entry stays unfinished, so resume() would run it again.
             result = None
         except Exception as e:  # a backend bug or crash is an infrastructure failure
+            # The result says what failed; the traceback (where) is for the operator.
+            logger.debug("backend failed on job %s", job.id, exc_info=True)
             result = ExecResult.sandbox_error(f"backend failed: {type(e).__name__}: {e}")
         finally:
             assert self._admission is not None

@@ -13,7 +13,7 @@ and with ``rollout_log`` they are also appended to a SQLite rollout log here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +28,8 @@ from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.reward import CompletionResult, RewardConfig, Verifier, completion_hash
 from sandloop.reward.scoring import Completion, ResultCache, score_all
 from sandloop.tasks import Task, load_tasks, resolve_task
+
+logger = logging.getLogger(__name__)
 
 
 class RemoteScoringError(IntegrationError, RuntimeError):
@@ -233,8 +235,10 @@ class Scorer:
         if not self._loop.started:
             return
         if self._engine is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self._loop.call(self._engine.close(), timeout=60)
+            except Exception as e:  # closing anyway: the loop and its slots' processes go below
+                logger.debug("scorer's engine did not close cleanly: %r", e)
         self._loop.stop(timeout=10)
         self._engine = self._verifier = None
         self._engine_lock = None
