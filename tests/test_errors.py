@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 
 import sandloop
 from sandloop.errors import InputError, SandloopError
@@ -62,3 +63,42 @@ def test_input_errors_are_value_errors() -> None:
 
     assert issubclass(InputError, ValueError)
     assert issubclass(TaskFormatError, InputError) and issubclass(ResourceTooLarge, InputError)
+
+
+def _drawn_under() -> dict[str, set[str]]:
+    """Each class name in the module docstring's drawing -> the top-level branches (the names
+    after "├──"/"└──" at the first depth) it is drawn under."""
+    import sandloop.errors
+
+    doc = sandloop.errors.__doc__ or ""
+    tree = doc[doc.index("    SandloopError\n"):doc.index("The HTTP status")]
+    out: dict[str, set[str]] = {}
+    branch = "SandloopError"
+    for line in tree.splitlines():
+        top = re.match(r"    [├└]── (\w+)", line)
+        if top:
+            branch = top.group(1)
+        for name in re.findall(r"\b([A-Z][A-Za-z]+)\b", line):
+            out.setdefault(name, set()).add(branch)
+    return out
+
+
+def test_the_drawn_tree_names_every_class_under_its_base() -> None:
+    import sandloop.errors as errors
+
+    drawn = _drawn_under()
+    bases = {getattr(errors, n) for n in errors.__all__} - {SandloopError}
+    missing, misplaced = [], []
+    for cls in _exception_classes():
+        if not issubclass(cls, SandloopError) or cls in bases or cls is SandloopError:
+            continue
+        if cls.__name__ not in drawn:
+            missing.append(f"{cls.__module__}.{cls.__name__}")
+            continue
+        under = {b for b in bases if issubclass(cls, b)}
+        # Drawn under its layer's base, or under InputError when that is its only base.
+        if not any(getattr(errors, b, None) in under for b in drawn[cls.__name__]):
+            misplaced.append(f"{cls.__name__}: drawn under {sorted(drawn[cls.__name__])}, "
+                             f"derives from {sorted(b.__name__ for b in under)}")
+    assert missing == [], f"draw these in sandloop.errors' docstring: {missing}"
+    assert misplaced == [], misplaced

@@ -6,6 +6,11 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
 
     SandloopError
     ├── InputError (ValueError)          the caller's input is wrong: fix it and retry
+    │   ├── ConfigError                  sandloop.toml, [tool.sandloop] or a SANDLOOP_* variable
+    │   ├── JsonLineError                a JSONL line that is not what it should be
+    │   └── ValueCodecError              a typed value that cannot be encoded or decoded
+    │                                    (tasks.values, which the sandbox harness also runs
+    │                                    alone: standard library only, so no layer base)
     ├── SandboxError                     one run's isolation or execution machinery
     │   ├── IsolationUnavailable         the host cannot give the isolation asked for
     │   ├── LanguageUnavailable          a language's toolchain is missing
@@ -18,20 +23,24 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │   └── BatchRequestError (InputError)  a bad line in an exec-batch file
     ├── EngineError                      scheduling: EngineClosed, DeadlineExceeded, RateLimited,
     │                                    IdempotencyConflict (InputError), SessionFull (InputError),
-    │                                    QueueFull, ResourceTooLarge (InputError), Session*,
-    │                                    JournalError
-    ├── TaskError                        task data: TaskFormatError, ValueCodecError, LabelError,
-    │                                    PatchError, SignatureError (InputError)
+    │                                    QueueFull, ResourceTooLarge (InputError), SessionClosed,
+    │                                    SessionExpired, SessionLimit, SessionLost, JournalError,
+    │                                    ClusterUnavailable, NodeLost
+    ├── TaskError                        task data: TaskFormatError, LabelError, PatchError,
+    │                                    SignatureError (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)
     ├── StoreError                       the durable result store
     ├── EnvError                         runtime environments: SpecError (InputError),
     │                                    EnvBuildError, EnvNotFound (InputError)
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
     │                                    (InputError), RolloutLogError, ParquetUnavailable
-    ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError
-    ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError
+    ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError,
+    │                                    SetupFailed
+    ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError,
+    │                                    AdapterSettingError (InputError)
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
-                                         SFRequestError (InputError), RequestError (InputError)
+                                         SFRequestError (InputError), RequestError (InputError),
+                                         ConfigError (InputError: serve's settings)
 
 The HTTP status each of them answers is the table in ``sandloop.server.errors``.
 
