@@ -181,6 +181,17 @@ def test_score_out_path_checked_before_scoring(tmp_path: Path, out: str) -> None
     assert not db.exists()  # refused before the store was even opened
 
 
+@pytest.mark.parametrize("log", ["/sys/x.db", "notalog.db"])
+def test_score_rollout_log_checked_before_scoring(tmp_path: Path, log: str) -> None:
+    (tmp_path / "notalog.db").write_text("not a database\n")
+    db = tmp_path / "r.db"
+    r = sh("score", "--tasks", "humaneval", "--completions", str(completions(tmp_path)),
+           "--db", str(db), "--rollout-log", log, "--step", "0",
+           env={"SANDLOOP_PROGRESS_INTERVAL_S": "0.01"})
+    one_error(r, 2, "--rollout-log", log)
+    assert "scoring" not in r.stderr and not db.exists()  # nothing was scored
+
+
 def test_score_out_follows_the_umask(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "scored.jsonl"
     r = subprocess.run(["sh", "-c", 'umask 022 && exec "$@"', "sh", *SANDLOOP, "score",

@@ -150,7 +150,6 @@ def score_command(
     (infrastructure failures). Everything is checked before the first run.
     ``progress``: None shows it unless ``--quiet`` (a bar on a terminal, else periodic lines).
     """
-    console = Console()
     settings = settings or load_settings()
     started = time.perf_counter()
     try:
@@ -176,8 +175,39 @@ def score_command(
     problem = _rollout_options_problem(items, step, rollout_log)
     if problem:
         return _fail(problem)
+    log: RolloutLog | None = None
+    if rollout_log is not None:
+        # Opened (and so checked: writable, a rollout log) before any scoring, like --out:
+        # else an unusable path would be found only once every completion had been scored.
+        try:
+            rollout_log.parent.mkdir(parents=True, exist_ok=True)
+            log = RolloutLog(rollout_log)
+        except (MonitorError, OSError) as e:
+            return _fail(f"--rollout-log: {e}")
     try:
-        store = open_result_store(db, no_db, settings)
+        return _score_and_report(items, by_id, ks, reward, log, store_args=(db, no_db),
+                                 out=out, slots=slots, no_isolation=no_isolation,
+                                 as_json=as_json, by_kind=by_kind, preload_extra=preload_extra,
+                                 time_scale=time_scale, priority=priority, step=step,
+                                 group=group, run_id=run_id, ray_address=ray_address,
+                                 settings=settings, progress=progress, started=started)
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _score_and_report(items: list[Completion], by_id: dict[str, Task], ks: tuple[int, ...],
+                      reward: RewardConfig, log: RolloutLog | None, *,
+                      store_args: tuple[Path | None, bool], out: Path | None, slots: int | None,
+                      no_isolation: bool, as_json: bool, by_kind: bool,
+                      preload_extra: Sequence[str], time_scale: float, priority: str,
+                      step: int | None, group: str | None, run_id: str | None,
+                      ray_address: str | None, settings: Settings, progress: bool | None,
+                      started: float) -> int:
+    """Everything after the checks: the store, the scoring, the outputs, the summary."""
+    console = Console()
+    try:
+        store = open_result_store(*store_args, settings)
     except StoreError as e:
         return _fail(str(e))
     cached = 0
@@ -224,12 +254,12 @@ def score_command(
                   + ("; the results are in the store: rerun to write them without rescoring"
                      if store is not None else ""))
             return ExitCode.INFRASTRUCTURE
-    if rollout_log is not None:
+    if log is not None:
         try:
-            n = _append_rollouts(rollout_log, items, results, step, group, run_id, by_id)
+            n = _append_rollouts(log, items, results, step, group, run_id, by_id)
         except (MonitorError, OSError) as e:
             return _fail(str(e))
-        info(f"{n} rollouts -> {rollout_log} (run {run_id or 'default'})")
+        info(f"{n} rollouts -> {log.path} (run {run_id or 'default'})")
     summary = summarize(
         ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=ks
     )
@@ -278,7 +308,7 @@ def _rollout_options_problem(items: Sequence[Completion], step: int | None,
     return None
 
 
-def _append_rollouts(path: Path, items: Sequence[Completion],
+def _append_rollouts(log: RolloutLog, items: Sequence[Completion],
                      results: Sequence[CompletionResult], step: int | None, group: str | None,
                      run_id: str | None, tasks: dict[str, Task]) -> int:
     rollouts = []
@@ -288,9 +318,7 @@ def _append_rollouts(path: Path, items: Sequence[Completion],
         rollouts.extend(rollouts_of([r], [c.completion], step=st,
                                     groups=[c.group if c.group is not None else group],
                                     run_id=run_id, tasks=tasks))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with RolloutLog(path) as log:
-        return log.append(rollouts, run_id or "default")
+    return log.append(rollouts, run_id or "default")
 
 
 def _print_by_kind(console: Console, results: Sequence[CompletionResult]) -> None:
