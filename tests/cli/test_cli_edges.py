@@ -133,6 +133,11 @@ def test_exec_batch_line_over_the_engine_budget_is_that_lines_result(tmp_path: P
     r = sh("exec-batch", "--strict", str(f))
     one_error(r, 2, "line 2", "limits.memory_mb", "nothing was run")
     assert r.stdout == ""
+    # --strict with a line that does not parse too: the first bad line is still line 2 (the
+    # project's maxima are checked with the parse, before any engine starts).
+    f.write_text(f.read_text() + '{"source": 5}\n')
+    one_error(sh("exec-batch", "--strict", str(f)), 2, "line 2", "limits.memory_mb",
+              "and 1 more bad lines")
 
 
 def test_exec_batch_resume_takes_stored_results(tmp_path: Path) -> None:

@@ -54,10 +54,8 @@ def _read_lines(file: Path) -> list[bytes]:
     return data.split(b"\n")
 
 
-def _check_limits(line: Line, settings: Settings, engine: Engine) -> None:
-    """Mark ``line`` invalid if its limits pass the project's maxima or the engine's budget."""
-    from sandloop.engine import ResourceTooLarge
-
+def _check_project_limits(line: Line, settings: Settings) -> None:
+    """Mark ``line`` invalid if its limits pass the project's maxima (no engine needed)."""
     req = line.request
     assert req is not None
     lim = req.limits
@@ -67,12 +65,20 @@ def _check_limits(line: Line, settings: Settings, engine: Engine) -> None:
     elif lim.memory_mb > settings.max_memory_mb:
         line.error = (f"line {line.number}: limits.memory_mb: {lim.memory_mb} MiB is over the "
                       f"project's max_memory_mb={settings.max_memory_mb} (sandloop.toml)")
-    else:
-        try:
-            engine.check_admissible(req.program, lim)
-        except ResourceTooLarge as e:
-            line.error = f"line {line.number}: limits: {e}"
     if line.error is not None:
+        line.request = None
+
+
+def _check_budget(line: Line, engine: Engine) -> None:
+    """Mark ``line`` invalid if the engine could never admit it (its memory or CPU budget)."""
+    from sandloop.engine import ResourceTooLarge
+
+    req = line.request
+    assert req is not None
+    try:
+        engine.check_admissible(req.program, req.limits)
+    except ResourceTooLarge as e:
+        line.error = f"line {line.number}: limits: {e}"
         line.request = None
 
 
@@ -100,6 +106,9 @@ def exec_batch_command(file: Path, *, slots: int | None, table: bool, strict: bo
         return ExitCode.BAD_INPUT
     lines = [Line(n, None, str(r)) if isinstance(r, BatchRequestError) else Line(n, r)
              for n, r in parsed]
+    for ln in lines:  # the project's maxima now; the engine's budget once it has started
+        if ln.request is not None:
+            _check_project_limits(ln, settings)
     bad = [ln for ln in lines if ln.error is not None]
     if bad and (strict or len(bad) == len(lines)):
         # Nothing to run: the first problem (and how many more) is the answer.
@@ -195,7 +204,7 @@ async def _run_on(lines: list[Line], slots: int | None, isolation: str,
                       address=ray) as engine:
         for ln in lines:
             if ln.request is not None:
-                _check_limits(ln, settings, engine)
+                _check_budget(ln, engine)
         if strict and any(ln.error for ln in lines):
             return
         todo = [ln for ln in lines if ln.request is not None]
