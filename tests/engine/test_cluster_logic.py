@@ -5,6 +5,7 @@ retried elsewhere (faults injected by ScriptedNodes.kill), pinned sessions, refu
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 
@@ -55,19 +56,33 @@ def _sleep_script(s: float):  # type: ignore[no-untyped-def]
 
 
 async def test_a_killed_node_fault_injected_is_retried_elsewhere_exactly_once() -> None:
-    nodes = ScriptedNodes(_sleep_script(0.01), nodes=3)
+    calls: Counter[str] = Counter()  # runs started, per program
+
+    async def run(program: Program, limits: Limits) -> ExecResult:
+        calls[program.source] += 1
+        await asyncio.sleep(0.01)
+        return ExecResult(status=Status.OK, stdout=program.source)
+
+    nodes = ScriptedNodes(run, nodes=3)
     backend = ClusterBackend(nodes, refresh_s=0.05, min_nodes=3)
     programs = [Program(source=str(i)) for i in range(300)]
     seen: list[int] = []
+    lost_in_flight = 0
     async with Engine(backend) as eng:
         async for i, r in eng.stream(programs):
             seen.append(i)
             assert r.status is Status.OK and r.stdout == str(i)
             if len(seen) == 50:
+                lost_in_flight = sum(not t.done() for t in nodes.nodes["node0002"].inflight)
                 nodes.kill("node0002")
         stats = eng.snapshot()
-    assert sorted(seen) == list(range(300))
-    assert stats.retried >= 1 and stats.infra_failures == 0
+    assert sorted(seen) == list(range(300))  # one result per job, none lost, none twice
+    assert lost_in_flight > 0  # the kill did catch runs in flight there
+    # Each job in flight on the lost node was retried once, elsewhere, and no other job: a
+    # program started twice at most (some of the lost calls had not started it yet).
+    assert stats.retried == lost_in_flight and stats.infra_failures == 0
+    assert len(calls) == 300 and set(calls.values()) <= {1, 2}
+    assert list(calls.values()).count(2) <= lost_in_flight
     assert backend.lost_nodes == 1
 
 
@@ -203,3 +218,24 @@ def test_admission_resized_below_what_runs_admits_nothing_until_runs_end() -> No
     assert adm.free_slots == 1 and adm.fits(Job())
     with pytest.raises(ResourceTooLarge):
         adm.check(Job(memory_mb=600))  # larger than any node now
+
+
+async def test_an_episode_on_a_lost_node_ends_with_a_sandbox_error_verdict() -> None:
+    from sandloop.episodes import episode
+    from sandloop.tasks.repo import load_repo_tasks
+
+    task = next(t for t in load_repo_tasks("repo-demo") if t.setup is None)
+    nodes = ScriptedNodes(nodes=2)
+    async with Engine(ClusterBackend(nodes, refresh_s=0.05, min_nodes=2)) as eng:
+        async with episode(eng, task) as ep:
+            assert "error" not in await ep.call("run", command="ls")
+            assert ep._session is not None
+            nodes.kill(ep._session.workspace.node_id)  # the node holding its files
+            obs = await ep.call("run", command="ls")
+            # Not a wrong answer (reward 0) and not the caller's exception: a verdict saying
+            # the infrastructure failed, with no reward (left out of training).
+            assert obs["ended_by"] == "lost" and obs["verdict"] == "sandbox_error", obs
+            assert "left the cluster" in obs["error"]
+            assert ep.done and ep.reward is None and ep.verdict == "sandbox_error"
+        # The engine goes on over the node that is left.
+        assert (await eng.run(Program(source="y"))).status is Status.OK

@@ -104,6 +104,49 @@ async def test_sandloop_exec_batch_with_ray_prints_what_the_local_path_prints(
     assert [same(d) for d in got] == [same(d) for d in want]
 
 
+def test_exec_batch_with_ray_streams_only_the_local_json_lines_through_a_node_loss(
+        cluster: LocalRayCluster, tmp_path: Path) -> None:
+    # Ray's driver prints cluster events ("node ... marked dead") and raylet log tails; none
+    # of it may reach stdout, which carries the results only, in input order, each line as
+    # soon as it and all before it are done, the same lines as a local run, node loss or not.
+    n = 400
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"language": "python", "source": p.source,
+                                         "limits": {"time_s": 10}}) + "\n"
+                             for p in _sleepers(n, 0.05)))
+    cmd = [sys.executable, "-m", "sandloop", "exec-batch", str(batch)]
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([*cmd, "--ray", cluster.address], stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        assert proc.stdout is not None
+        got: list[str] = []
+        killed = False
+        try:
+            for line in proc.stdout:
+                got.append(line)
+                if len(got) == 30:
+                    assert proc.poll() is None  # streamed: lines came while it still ran
+                    cluster.kill(next(iter(cluster.nodes)))
+                    killed = True
+            assert proc.wait(300) == 0, (tmp_path / "stderr.txt").read_text()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    cluster.add()  # back to three nodes for the next tests
+    assert killed
+    local = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    want = [json.loads(line) for line in local.stdout.splitlines()]
+    rows = [json.loads(line) for line in got]  # every stdout line is a result's JSON
+    assert len(rows) == len(want) == n
+
+    def same(d: dict[str, object]) -> tuple[object, ...]:
+        return (d["status"], d["exit_code"], d["stdout"])
+
+    assert [same(d) for d in rows] == [same(d) for d in want]
+    assert [d["stdout"] for d in rows] == [f"{i}\n" for i in range(n)]
+
+
 async def test_a_node_killed_mid_batch_loses_and_duplicates_nothing(
         cluster: LocalRayCluster) -> None:
     n = 300

@@ -243,8 +243,8 @@ tok = sys.stdin.read()
 for d in {{dirs}}:
     with open(os.path.join(d, "{MARKER}_" + tok), "w") as f:
         f.write("other run's secret")
-print(os.getuid(), flush=True)
-time.sleep(1.5)
+print(os.getuid(), os.getcwd(), flush=True)
+time.sleep({{hold_s}})
 """
 
 SEARCHER = """
@@ -257,11 +257,16 @@ pats = ["/sandbox/*", "/tmp/*", "/tmp/*/*", "/dev/shm/*", "/run/**", "/var/tmp/*
         "/proc/*/root/sandbox/*", "/proc/*/cwd/*", "/proc/*/root/tmp/*", "/proc/*/root/*/*"]
 for pat in pats:
     hits += [p for p in glob.glob(pat, recursive=True) if tok in p]
+# Then the rest of the file system, for as long as the holder surely lives (unisolated, that is
+# the whole host: a shared one's /tmp alone can take longer than the run may).
+deadline = time.monotonic() + 1.5
 for top in os.listdir("/"):
     if top in ("usr", "proc", "root", "work", "lib", "lib64", "bin", "sbin"):
         continue
     for dp, dn, fn in os.walk("/" + top):
         hits += [os.path.join(dp, f) for f in fn if tok in f]
+        if time.monotonic() > deadline:
+            break
 explicit = {}
 for p in args["paths"]:
     try:
@@ -277,7 +282,7 @@ async def test_other_runs_work_dirs_invisible(sandbox: PoolInfo) -> None:
     slot_dirs = [f"{s.base}/work" for s in sandbox.pool._slots]
     explicit = [*slot_dirs, "/.zygote", "/.zygote/work", "/.zygote/proc",
                 *[f"/proc/{pid}/root/.zygote/work" for pid in sandbox.zygotes.values()]]
-    holder = HOLDER.replace("{dirs}", repr(["/sandbox", "/tmp"]))
+    holder = HOLDER.replace("{dirs}", repr(["/sandbox", "/tmp"])).replace("{hold_s}", "1.5")
     a, b = await asyncio.gather(
         attack(sandbox.pool, holder, stdin=tok, lim=limits(time_s=4)),
         attack(sandbox.pool, SEARCHER, stdin=json.dumps({"tok": tok, "paths": explicit}),
@@ -295,15 +300,24 @@ async def test_other_runs_work_dirs_unreadable_unisolated(sandbox: PoolInfo) -> 
     # keeps its files out of reach is the run's own uid (one per concurrent run) and the dir's
     # mode 0700.
     tok = os.urandom(8).hex()
-    holder = HOLDER.replace("{dirs}", repr(["."]))  # never the host's /tmp itself
+    # The holder keeps its file until the searcher surely looked (its globs take well under a
+    # second; the rest of its walk stops after 1.5 s): on a loaded machine a holder gone
+    # before the search would make the test pass without the defence.
+    holder = HOLDER.replace("{dirs}", repr(["."])).replace("{hold_s}", "6")  # never /tmp itself
+    tmp = tempfile.gettempdir()  # where unisolated runs get their work dirs
     a, b = await asyncio.gather(
-        attack(sandbox.unisolated, holder, stdin=tok, lim=limits(time_s=4)),
-        attack(sandbox.unisolated, SEARCHER, stdin=json.dumps({"tok": tok, "paths": []}),
-               lim=limits(time_s=4)),
+        attack(sandbox.unisolated, holder, stdin=tok, lim=limits(time_s=12)),
+        attack(sandbox.unisolated, SEARCHER, stdin=json.dumps({"tok": tok, "paths": [tmp]}),
+               lim=limits(time_s=12)),
     )
     assert a.status is Status.OK and b.status is Status.OK, (a.stderr, b.stderr)
     seen = report(b)
-    assert int(a.stdout.split()[0]) != seen["uid"] != 0, "both runs had the same uid"
+    holder_uid, holder_dir = a.stdout.split()
+    assert int(holder_uid) != seen["uid"] != 0, "both runs had the same uid"
+    # The search did reach the holder's work dir (its name, in the temp dir): only its mode
+    # and owner kept the file inside out of sight.
+    assert os.path.dirname(holder_dir) == tmp, holder_dir
+    assert os.path.basename(holder_dir) in seen["explicit"][tmp], holder_dir
     assert seen["hits"] == [], seen["hits"]
 
 

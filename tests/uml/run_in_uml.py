@@ -54,10 +54,14 @@ GUEST_DESELECT = {
         "the guest kernel has no IPv6 (EAFNOSUPPORT)",
     "tests/security/test_escape.py::test_proc_and_sys_show_only_the_sandbox":
         "the guest kernel has no IPv6 (/proc/net/tcp6)",
-    "tests/security/test_persistence.py::test_no_network_state_left_for_the_next_run":
-        "the guest kernel has no IPv6 (/proc/net/tcp6)",
     "tests/security/test_escape.py::test_int80_32bit_syscalls_killed":
         "UML has no 32-bit syscall entry: int 0x80 never reaches the guest's seccomp filter",
+    # UML maps each guest page into the host process separately: a guest process past ~256 MiB
+    # reaches the host's vm.max_map_count (65530 here) and is killed ("UML ran out of memory on
+    # the host side"); this compile bomb's cc1plus died so at 324 MiB, short of the 512 MiB
+    # limit the test waits for. (Raising the host's sysctl would change the host.)
+    "tests/sandbox/test_run.py::test_compile_bomb_is_held_to_limits_derived_from_a_small_run":
+        "a guest process past ~256 MiB hits the host's vm.max_map_count (UML maps pages singly)",
     "tests/sandbox/test_pool.py::test_pool_grows_under_demand_and_shrinks_when_idle": _SLOW,
     "tests/security/test_escape.py::test_proc_and_sys_leak_unisolated": _SLOW,
     "tests/security/test_escape.py::test_setuid_binaries_give_no_privilege": _SLOW,
@@ -78,8 +82,6 @@ GUEST_DESELECT = {
 _SAME_IN_BOTH = "the supervisor's compile-step limits, tested with the C helper (20 s each here)"
 GUEST_DESELECT_JAIL = {
     "python": {
-        "tests/sandbox/test_run.py::test_compile_bomb_is_held_to_limits_derived_from_a_small_run":
-            _SAME_IN_BOTH,
         "tests/sandbox/test_run.py::test_compile_limits_given_explicitly_override": _SAME_IN_BOTH,
     },
 }
