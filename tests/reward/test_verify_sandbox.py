@@ -492,3 +492,26 @@ def test_identical_completions_run_once_per_batch_and_once_across_batches_with_a
                                        cache=cache, on_result=lambda _r, c: seen.append(c))])[0]
     assert len(runs) == 2 * per and seen == [True, True, True]  # answered by the cache
     assert [r.model_dump() for r in again] == [r.model_dump() for r in first[:3]]
+
+
+def test_harness_taken_warm_only_when_its_hashes_match() -> None:
+    """The harness is a warm module of the pools (sandbox/warm.py). A pool without it, and one
+    whose ``_sl_harness`` is another module (not this harness's hash), score exactly as the
+    warm pool: the stub loads the run's own copy."""
+    import sandloop.reward.verifier as verifier
+
+    impostor = "def _bootstrap():\n    print('impostor')\n    raise SystemExit(0)\n"
+    tasks = HUMANEVAL[:12]
+    hacks = [(t, "import sys\nsys.exit(0)\n") for t in tasks[:3]]
+
+    async def score(warm_modules: dict[str, str] | None) -> list[tuple[str, float | None, str]]:
+        async with SandboxPool(2, warm_modules=warm_modules) as pool:
+            v = Verifier(pool.run)
+            pairs = [(t, t.reference_solution or "") for t in tasks] + hacks
+            rs = await asyncio.gather(*(v.verify(t, c) for t, c in pairs))
+        return [(r.task_id, r.reward, r.verdict.value) for r in rs]
+
+    warm = asyncio.run(score(None))
+    assert [w[1] for w in warm] == [1.0] * len(tasks) + [0.0] * len(hacks)
+    assert asyncio.run(score({})) == warm
+    assert asyncio.run(score({"_sl_values": verifier._VALUES, "_sl_harness": impostor})) == warm

@@ -41,6 +41,7 @@ from sandloop.reward.verdicts import (
     overall_verdict,
     shape_reward,
 )
+from sandloop.sandbox import warm
 from sandloop.sandbox.graph import (
     Graph,
     GraphResult,
@@ -95,14 +96,24 @@ def _judge_hash() -> str:
 
 _JUDGE_HASH = _judge_hash()
 
-# The sandbox's Python is this interpreter, so the harness ships compiled (marshal): compiling its
-# source took ~20 ms of every run. The stub falls back to the source if the interpreter differs.
+# The harness and its value codec are warm modules (sandbox/warm.py): each zygote of a pool
+# started after this import holds them loaded, which saves a run ~2 ms of loading them (~230 page
+# faults). The stub uses them when their hashes are this harness's, else loads the run's copies:
+# compiled (marshal) when the sandbox's Python is this interpreter (compiling the source took
+# ~20 ms of every run), from the source otherwise.
+warm.register("_sl_values", _VALUES)
+warm.register("_sl_harness", _HARNESS)
 _STUB = f"""\
 import gc, marshal, os, sys, types
 # Objects inherited from the fork-server stay out of the collector: a collection would touch, and
 # so copy-on-write copy, the whole inherited heap (~8 ms per run measured).
 gc.freeze()
 _here = os.path.dirname(os.path.abspath(__file__))
+_v, _h = sys.modules.get("_sl_values"), sys.modules.get("_sl_harness")
+if (getattr(_v, "__warm_hash__", None) == {warm.source_hash(_VALUES)!r}
+        and getattr(_h, "__warm_hash__", None) == {warm.source_hash(_HARNESS)!r}):
+    _h.__file__ = os.path.join(_here, "_sl_harness.py")
+    _h._bootstrap()
 def _load(name):
     path = os.path.join(_here, name)
     if sys.implementation.cache_tag == {sys.implementation.cache_tag!r}:
@@ -112,12 +123,7 @@ def _load(name):
         return compile(f.read(), name, "exec")
 _m = types.ModuleType("_sl_values")
 _m.__file__ = os.path.join(_here, "_sl_values.py")
-# values.py first tries ``from sandloop.errors import ...``, which fails here only after a search
-# of every path entry (~0.35 ms, ~50 copy-on-write faults); a None entry fails it at once.
-_sl = sys.modules.setdefault("sandloop", None)
 exec(_load("_sl_values.py"), _m.__dict__)
-if _sl is None:
-    del sys.modules["sandloop"]
 sys.modules["_sl_values"] = _m
 exec(_load("_sl_harness.py"), globals())
 """

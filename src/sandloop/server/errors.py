@@ -82,6 +82,7 @@ from sandloop.server.usage import UsageLedgerError
 from sandloop.tasks.labels import LabelError
 from sandloop.tasks.loaders import TaskFormatError
 from sandloop.tasks.patches import PatchError
+from sandloop.tasks.signature import SignatureError
 from sandloop.tasks.values import ValueCodecError
 
 __all__ = [
@@ -153,6 +154,7 @@ STATUS: Mapping[type[Exception], HttpError] = {
     JsonLineError: HttpError(400, "invalid_input"),
     LabelError: HttpError(400, "invalid_task"),
     TaskFormatError: HttpError(400, "invalid_task"),
+    SignatureError: HttpError(400, "invalid_task"),
     ValueCodecError: HttpError(400, "invalid_task"),
     CompletionFileError: HttpError(400, "invalid_input"),
     ResourceTooLarge: HttpError(400, "resource_too_large"),

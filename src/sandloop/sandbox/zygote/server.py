@@ -79,6 +79,20 @@ from .syscalls import (
 )
 
 
+def load_warm(modules: list[list[str]]) -> None:
+    """Compile and run each warm module (sandbox/warm.py: sandloop's own, standard library
+    only) into ``sys.modules``, marked with its source hash. One that fails is left out: the
+    programs that use it load their own copy."""
+    for name, source, digest in modules:
+        module = type(sys)(name)
+        module.__warm_hash__ = digest  # type: ignore[attr-defined]
+        sys.modules[name] = module
+        try:
+            exec(compile(source, name + ".py", "exec", dont_inherit=True), module.__dict__)
+        except Exception:
+            del sys.modules[name]
+
+
 class SpareGone(SetupError):
     """The prepared child died before its request reached it (a fresh one can serve it)."""
 
@@ -759,6 +773,7 @@ def main() -> ProgramRun | None:
     for name in config.get("preload", []):
         with contextlib.suppress(ImportError):
             __import__(name)
+    load_warm(config.get("warm", []))
     prepare_std_streams()
     # The compiler builds its AST types on first use (~2 ms): do it once here, not per run.
     compile("pass", "<warm>", "exec", dont_inherit=True)
