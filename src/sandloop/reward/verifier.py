@@ -97,8 +97,8 @@ def _judge_hash() -> str:
 _JUDGE_HASH = _judge_hash()
 
 # The harness and its value codec are warm modules (sandbox/warm.py): each zygote of a pool
-# started after this import holds them loaded, which saves a run ~2 ms of loading them (~230 page
-# faults). The stub uses them when their hashes are this harness's, else loads the run's copies:
+# started after this import holds them loaded, which saves a run loading them (~1.8 ms, ~230 page
+# faults, measured in the sandbox; docs/rewards.md). The stub uses them when their hashes are this harness's, else loads the run's copies:
 # compiled (marshal) when the sandbox's Python is this interpreter (compiling the source took
 # ~20 ms of every run), from the source otherwise.
 warm.register("_sl_values", _VALUES)

@@ -340,8 +340,7 @@ class SandboxPool:
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
-            warm=tuple((name, src, warm.source_hash(src))
-                       for name, src in self.warm_modules.items()),
+            warm=warm.zygote_entries(self.warm_modules),
             jail=self.jail.path, environment=self.environment,
         )
         self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config,

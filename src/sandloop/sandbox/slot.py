@@ -89,8 +89,8 @@ class SlotConfig:
     cgroups: CgroupBackend
     pool_id: str
     preload: tuple[str, ...] = DEFAULT_PRELOAD
-    # (name, source, source hash) of the modules each zygote loads (warm.py).
-    warm: tuple[tuple[str, str, str], ...] = ()
+    # What each zygote loads (warm.py): protocol.ZygoteConfig's ``warm`` entries.
+    warm: tuple[tuple[str, str, str, str, str], ...] = ()
     jail: str | None = None  # the compiled C isolation steps (jailbuild), or None: Python's
     # The environment the zygotes mount and re-execute on (runenv.zygote_config); None: they
     # stay on ``python``, bound at its host path (as before environments).

@@ -3,8 +3,8 @@ compiles and loads once, so that a program finds them ready in ``sys.modules`` i
 loading them itself in every run.
 
 The one user today is the verifier's in-sandbox harness (``reward.sandbox_harness`` and its value
-codec): loading its ~1,200 lines from marshalled code cost each Python verification run ~2 ms
-of CPU and ~230 page faults, more than a trivial program's whole run inside the sandbox. The
+codec): loading its ~1,200 lines from marshalled code cost each Python verification run ~1.8 ms
+of CPU and ~230 page faults (docs/rewards.md has the A/B). The
 layer that owns such a module registers it (``register``) when it is imported; pools started
 afterwards load what is registered (``SandboxPool(warm_modules=...)`` overrides it). A program
 must not trust that a module is there, or that it is the version it expects: each loaded
@@ -19,11 +19,14 @@ run's files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import keyword
+import marshal
+import sys
 from collections.abc import Mapping
 
-__all__ = ["WarmModules", "register", "registered", "source_hash"]
+__all__ = ["WarmModules", "register", "registered", "source_hash", "zygote_entries"]
 
 WarmModules = Mapping[str, str]  # module name -> source
 
@@ -41,9 +44,23 @@ def register(name: str, source: str) -> None:
     ``sys.modules``)."""
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"a warm module's name must be a plain identifier, not {name!r}")
+    _entry(name, source)  # compiles it: a module that cannot is refused here, not at pool start
     _REGISTERED[name] = source
 
 
 def registered() -> dict[str, str]:
     """A copy of what is registered (what a pool loads by default)."""
     return dict(_REGISTERED)
+
+
+def zygote_entries(modules: WarmModules) -> tuple[tuple[str, str, str, str, str], ...]:
+    """``protocol.ZygoteConfig``'s ``warm``: each module with its hash and its code compiled
+    here, which a zygote on an interpreter of the same cache tag loads instead of compiling."""
+    return tuple(_entry(name, source) for name, source in modules.items())
+
+
+@functools.lru_cache(maxsize=64)
+def _entry(name: str, source: str) -> tuple[str, str, str, str, str]:
+    code = compile(source, name + ".py", "exec", dont_inherit=True)
+    return (name, source, source_hash(source), sys.implementation.cache_tag or "",
+            marshal.dumps(code).hex())
