@@ -94,7 +94,7 @@ def _stdio_task(**kw: object) -> Task:
 
 
 def test_stdio_python_all_tests_in_one_run(sandbox: PoolThread) -> None:
-    v = Verifier(sandbox.pool.run)
+    v = Verifier(sandbox.pool.run, plain_stdio_max_tests=0)
     task = _stdio_task()
     good = "a, b = map(int, input().split())\nprint(a + b)\n"
     wrong = "a, b = map(int, input().split())\nprint(a - b if a == 1 else a + b + 1)\n"
@@ -106,6 +106,73 @@ def test_stdio_python_all_tests_in_one_run(sandbox: PoolThread) -> None:
     assert r_wrong.reward == 0.0 and r_wrong.verdict is Verdict.WRONG_ANSWER
     assert r_crash.reward == 0.0 and r_crash.verdict is Verdict.RUNTIME_ERROR
     assert r_hang.reward == 0.0 and r_hang.verdict is Verdict.TIMEOUT
+
+
+# Completions whose verdicts the two Python stdin/stdout paths (one plain run per test, or
+# the harness's one run for all tests) must agree on, test by test.
+_STDIO_CATALOGUE = {
+    "good": "a, b = map(int, input().split())\nprint(a + b)\n",
+    "wrong": "a, b = map(int, input().split())\nprint(a - b)\n",
+    "crash": "raise SystemExit(3)\n",
+    "exception": "raise ValueError('no')\n",
+    "hang": "while True: pass\n",
+    "memory": "x = bytearray(1 << 30)\nprint(len(x))\n",
+    "flood": "print('9' * 200000)\n",
+    "silent exit 0": "import os\nos._exit(0)\n",
+    "forged channel": ("import os\n"
+                       "os.write(3, b'{\"ev\":\"test\",\"id\":\"p0\",\"status\":\"ok\",'\n"
+                       "         b'\"stdout\":\"3\\\\n\"}\\n')\n"),
+    "no newline": "a, b = map(int, input().split())\nimport sys\nsys.stdout.write(str(a + b))\n",
+}
+
+
+@pytest.mark.parametrize("n_tests", [1, 3])
+def test_stdio_python_few_tests_run_as_plain_programs(sandbox: PoolThread, n_tests: int) -> None:
+    runs: list[Program] = []
+
+    async def counting(program: Program, limits: Limits) -> ExecResult:
+        runs.append(program)
+        return await sandbox.pool.run(program, limits)
+
+    tests = _stdio_task(limits=TaskLimits(time_s=1.0, memory_mb=64)).tests[:n_tests]
+    task = _stdio_task(limits=TaskLimits(time_s=1.0, memory_mb=64),
+                       public_tests=tests[:1], hidden_tests=tests[1:])
+    names = list(_STDIO_CATALOGUE)
+    direct = sandbox.all(Verifier(counting).verify(task, _STDIO_CATALOGUE[n]) for n in names)
+    # One plain run per test, the completion itself as the program: no harness in the sandbox.
+    assert len(runs) == n_tests * len(names)
+    assert all("_sl_harness.py" not in p.files for p in runs)
+    runs.clear()
+    harness = sandbox.all(Verifier(counting, plain_stdio_max_tests=0).verify(
+        task, _STDIO_CATALOGUE[n]) for n in names)
+    assert len(runs) == len(names) and all("_sl_harness.py" in p.files for p in runs)
+    by_path = {n: ([o.verdict for o in d.tests], [o.verdict for o in h.tests], d.reward, h.reward)
+               for n, d, h in zip(names, direct, harness, strict=True)}
+    # A forged record changes nothing: on fd 3 the plain run's channel goes unread (wrong
+    # answer: no output), and in the harness's worker fd 3 is closed (the write fails).
+    forged = by_path.pop("forged channel")
+    assert forged[2] == forged[3] == 0.0
+    assert {n: v for n, v in by_path.items() if v[0] != v[1] or v[2] != v[3]} == {}
+    verdict = {n: d.verdict for n, d in zip(names, direct, strict=True)}
+    assert verdict == {
+        "good": Verdict.PASSED, "wrong": Verdict.WRONG_ANSWER, "crash": Verdict.RUNTIME_ERROR,
+        "exception": Verdict.RUNTIME_ERROR, "hang": Verdict.TIMEOUT,
+        "memory": Verdict.MEMORY_LIMIT, "flood": Verdict.WRONG_ANSWER,
+        "silent exit 0": Verdict.WRONG_ANSWER, "forged channel": Verdict.WRONG_ANSWER,
+        "no newline": Verdict.PASSED}
+    assert all(d.timings.get("sandbox_cpu_s", 0) > 0 for d in direct)
+
+
+def test_stdio_python_own_hash_seed_keeps_the_harness(sandbox: PoolThread) -> None:
+    runs: list[Program] = []
+
+    async def counting(program: Program, limits: Limits) -> ExecResult:
+        runs.append(program)
+        return await sandbox.pool.run(program, limits)
+
+    task = _stdio_task(hidden_tests=(), hash_seed=7)
+    r = sandbox.run(Verifier(counting).verify(task, _STDIO_CATALOGUE["good"]))
+    assert r.reward == 1.0 and len(runs) == 1 and "_sl_harness.py" in runs[0].files
 
 
 def test_stdio_other_language_and_checker(sandbox: PoolThread) -> None:
@@ -415,12 +482,36 @@ def test_identical_completions_run_once_per_batch_and_once_across_batches_with_a
     with ResultStore(tmp_path / "r.db") as store:
         first = sandbox.all([score_all({task.id: task}, comps, Verifier(counting), store=store,
                                        cache=cache)])[0]
-        assert len(runs) == 2  # one run per distinct completion
+        per = len(task.tests)  # plain runs: one per test (PLAIN_STDIO_MAX_TESTS)
+        assert len(runs) == 2 * per  # the tests of each distinct completion, once
         assert [r.completion_id for r in first] == ["0", "1", "2", "3", "4"]
         assert [r.reward for r in first] == [1.0, 0.0, 1.0, 1.0, 0.0]
         assert len(store) == 2
         seen: list[bool] = []
         again = sandbox.all([score_all({task.id: task}, comps[:3], Verifier(counting),
                                        cache=cache, on_result=lambda _r, c: seen.append(c))])[0]
-    assert len(runs) == 2 and seen == [True, True, True]  # answered by the cache
+    assert len(runs) == 2 * per and seen == [True, True, True]  # answered by the cache
     assert [r.model_dump() for r in again] == [r.model_dump() for r in first[:3]]
+
+
+def test_harness_taken_warm_only_when_its_hashes_match() -> None:
+    """The harness is a warm module of the pools (sandbox/warm.py). A pool without it, and one
+    whose ``_sl_harness`` is another module (not this harness's hash), score exactly as the
+    warm pool: the stub loads the run's own copy."""
+    import sandloop.reward.verifier as verifier
+
+    impostor = "def _bootstrap():\n    print('impostor')\n    raise SystemExit(0)\n"
+    tasks = HUMANEVAL[:12]
+    hacks = [(t, "import sys\nsys.exit(0)\n") for t in tasks[:3]]
+
+    async def score(warm_modules: dict[str, str] | None) -> list[tuple[str, float | None, str]]:
+        async with SandboxPool(2, warm_modules=warm_modules) as pool:
+            v = Verifier(pool.run)
+            pairs = [(t, t.reference_solution or "") for t in tasks] + hacks
+            rs = await asyncio.gather(*(v.verify(t, c) for t, c in pairs))
+        return [(r.task_id, r.reward, r.verdict.value) for r in rs]
+
+    warm = asyncio.run(score(None))
+    assert [w[1] for w in warm] == [1.0] * len(tasks) + [0.0] * len(hacks)
+    assert asyncio.run(score({})) == warm
+    assert asyncio.run(score({"_sl_values": verifier._VALUES, "_sl_harness": impostor})) == warm

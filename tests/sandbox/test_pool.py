@@ -337,3 +337,22 @@ async def test_a_wall_limit_that_ends_before_the_program_starts_is_a_timeout() -
             [Limits(time_s=t) for t in (1e-4, 2e-4, 5e-4) * 30])
     statuses = {r.status for r in results}
     assert statuses <= {Status.TIMEOUT, Status.OK}, [r.error for r in results if r.error]
+
+
+async def test_warm_modules_are_loaded_by_every_zygote_with_their_hash() -> None:
+    from sandloop.sandbox import warm
+
+    mods = {"_sl_probe_ok": "import math\nX = math.factorial(5)\n",
+            "_sl_probe_broken": "raise RuntimeError('at import')\n"}
+    probe = ("import sys\n"
+             "m = sys.modules.get('_sl_probe_ok')\n"
+             "print(m.X, m.__warm_hash__, '_sl_probe_broken' in sys.modules)\n")
+    async with SandboxPool(2, warm_modules=mods) as pool:
+        rs = [await pool.run(Program(source=probe), Limits(time_s=5)) for _ in range(4)]
+    assert {r.stdout for r in rs} == {f"120 {warm.source_hash(mods['_sl_probe_ok'])} False\n"}
+    # A pool given none holds none, whatever is registered.
+    async with SandboxPool(1, warm_modules={}) as pool:
+        r = await pool.run(Program(source="import sys; print('_sl_probe_ok' in sys.modules)"))
+    assert r.stdout == "False\n"
+    with pytest.raises(ValueError, match="plain identifier"):
+        warm.register("os.path", "")

@@ -143,8 +143,13 @@ async def test_host_directories_invisible(sandbox: PoolInfo) -> None:
                                  "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf",
                                  "ssl", *jdk_conf}, seen["/etc"]
     bound = {d for b in binds for d in (b, *map(str, Path(b).parents))}
+    # A checkout under a directory the sandbox has of its own (/tmp: a fresh tmpfs) must not
+    # show in it; anywhere else its parent must not exist at all.
+    own = {"/", *(f"/{x}" for x in allowed_root)}
+    if str(REPO.parent) in own:
+        assert REPO.name not in seen[str(REPO.parent)], seen[str(REPO.parent)]
     for d in ("/home", "/var", "/run", "/mnt", "/opt", "/srv", "/boot", "/var/tmp",
-              str(REPO), str(REPO.parent)):
+              str(REPO), *([] if str(REPO.parent) in own else [str(REPO.parent)])):
         if d not in bound:
             assert seen[d] == errno.ENOENT, (d, seen[d])
         else:  # the repo holds the venv: only that is visible

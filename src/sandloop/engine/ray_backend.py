@@ -28,6 +28,7 @@ from sandloop.engine.cluster import (
     NodeInfo,
     NodeLost,
 )
+from sandloop.sandbox import warm
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, Workspace, WorkspaceLost
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
@@ -124,7 +125,8 @@ class NodePoolActor:
     slots allow. Workspaces (sessions) stay here; the driver holds only their ids.
     """
 
-    def __init__(self, slots: int, cpus: float, isolation: str, preload: Sequence[str]) -> None:
+    def __init__(self, slots: int, cpus: float, isolation: str, preload: Sequence[str],
+                 warm_modules: dict[str, str] | None = None) -> None:
         self.slots = slots
         # The node's CPU budget, kept here as the local engine keeps it: at most `cpus` cores'
         # worth of programs run at once, and a run's CPU goes to the next one as soon as its
@@ -132,7 +134,9 @@ class NodePoolActor:
         self.cpus = cpus
         self._free_cpus = cpus
         self._cpu_waiters: deque[asyncio.Future[None]] = deque()
-        self.pool = SandboxPool(slots, max_slots=slots, isolation=isolation, preload=preload)
+        # The driver's warm modules (sandbox.warm), not this process's: it imports no verifier.
+        self.pool = SandboxPool(slots, max_slots=slots, isolation=isolation, preload=preload,
+                                warm_modules=warm_modules)
         self.workspaces: dict[str, Workspace] = {}
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._fetching: dict[str, asyncio.Future[bytes]] = {}
@@ -443,7 +447,7 @@ class RayNodes:
             num_cpus=0, resources={RESOURCE: self._amount.get(node.node_id, 1.0)},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             max_restarts=0, max_concurrency=100_000,
-        ).remote(node.slots, node.cpus, self.isolation, self.preload)
+        ).remote(node.slots, node.cpus, self.isolation, self.preload, warm.registered())
 
         async def started() -> dict[str, Any]:
             info: dict[str, Any] = await actor.start.remote()

@@ -41,6 +41,7 @@ from sandloop.reward.verdicts import (
     overall_verdict,
     shape_reward,
 )
+from sandloop.sandbox import warm
 from sandloop.sandbox.graph import (
     Graph,
     GraphResult,
@@ -56,9 +57,16 @@ from sandloop.sandbox.models import ExecResult, Limits, Program, Status, with_co
 from sandloop.tasks import CallTest, Checker, Comparison, IOTest, ScriptTest, Task
 from sandloop.tasks.values import ValueCodecError, decode
 
-__all__ = ["HARNESS_VERSION", "CompletionResult", "Runner", "Verifier", "completion_hash"]
+__all__ = ["HARNESS_VERSION", "PLAIN_STDIO_MAX_TESTS", "CompletionResult", "Runner", "Verifier", "completion_hash"]
 
 HARNESS_VERSION = "1"
+
+# A Python stdin/stdout task with at most this many tests runs each test as a program of its
+# own, in its own sandbox, like the other languages: the harness's run holds a driver, a worker
+# and a child per test, ~9 ms of CPU for one test where a plain run costs ~4 ms, each further
+# test ~3 ms against ~5 (benchmarks/bench_stdio_paths.py: plain/harness 0.37 at 1 test, 0.85
+# at 4, 1.16 at 8). Beyond it the harness's one sandbox for all tests is cheaper.
+PLAIN_STDIO_MAX_TESTS = 4
 
 Runner = Callable[[Program, Limits], Awaitable[ExecResult]]
 
@@ -88,14 +96,24 @@ def _judge_hash() -> str:
 
 _JUDGE_HASH = _judge_hash()
 
-# The sandbox's Python is this interpreter, so the harness ships compiled (marshal): compiling its
-# source took ~20 ms of every run. The stub falls back to the source if the interpreter differs.
+# The harness and its value codec are warm modules (sandbox/warm.py): each zygote of a pool
+# started after this import holds them loaded, which saves a run loading them (~1.8 ms, ~230 page
+# faults, measured in the sandbox; docs/rewards.md). The stub uses them when their hashes are this harness's, else loads the run's copies:
+# compiled (marshal) when the sandbox's Python is this interpreter (compiling the source took
+# ~20 ms of every run), from the source otherwise.
+warm.register("_sl_values", _VALUES)
+warm.register("_sl_harness", _HARNESS)
 _STUB = f"""\
 import gc, marshal, os, sys, types
 # Objects inherited from the fork-server stay out of the collector: a collection would touch, and
 # so copy-on-write copy, the whole inherited heap (~8 ms per run measured).
 gc.freeze()
 _here = os.path.dirname(os.path.abspath(__file__))
+_v, _h = sys.modules.get("_sl_values"), sys.modules.get("_sl_harness")
+if (getattr(_v, "__warm_hash__", None) == {warm.source_hash(_VALUES)!r}
+        and getattr(_h, "__warm_hash__", None) == {warm.source_hash(_HARNESS)!r}):
+    _h.__file__ = os.path.join(_here, "_sl_harness.py")
+    _h._bootstrap()
 def _load(name):
     path = os.path.join(_here, name)
     if sys.implementation.cache_tag == {sys.implementation.cache_tag!r}:
@@ -105,12 +123,7 @@ def _load(name):
         return compile(f.read(), name, "exec")
 _m = types.ModuleType("_sl_values")
 _m.__file__ = os.path.join(_here, "_sl_values.py")
-# values.py first tries ``from sandloop.errors import ...``, which fails here only after a search
-# of every path entry (~0.35 ms, ~50 copy-on-write faults); a None entry fails it at once.
-_sl = sys.modules.setdefault("sandloop", None)
 exec(_load("_sl_values.py"), _m.__dict__)
-if _sl is None:
-    del sys.modules["sandloop"]
 sys.modules["_sl_values"] = _m
 exec(_load("_sl_harness.py"), globals())
 """
@@ -211,6 +224,9 @@ class Verifier:
     ``comparison`` overrides each task's own comparison settings; ``max_run_s`` caps one run's wall time;
     ``time_scale`` multiplies every per-test time limit; after ``max_timeouts`` timed-out tests the
     rest of a completion's tests are not run and count as timeouts (0: run them all).
+    ``plain_stdio_max_tests``: a Python stdin/stdout task with at most this many tests runs each
+    test as a plain program in a sandbox of its own instead of all in one harness run (cheaper
+    for few tests: see ``PLAIN_STDIO_MAX_TESTS``; 0: always the harness).
     """
 
     def __init__(
@@ -223,6 +239,7 @@ class Verifier:
         time_scale: float = 1.0,
         max_timeouts: int = 1,
         run_graph: GraphRunner | None = None,
+        plain_stdio_max_tests: int = PLAIN_STDIO_MAX_TESTS,
     ) -> None:
         self.run = run
         self.run_graph = run_graph
@@ -231,6 +248,7 @@ class Verifier:
         self.max_run_s = max_run_s
         self.time_scale = time_scale
         self.max_timeouts = max_timeouts
+        self.plain_stdio_max_tests = plain_stdio_max_tests
         # The harness's plan (stdin) and limits of each task version: built once, not per
         # completion (a training step scores many completions of few tasks).
         self._plans: dict[tuple[str, str, str, float, float, int], tuple[str, Limits]] = {}
@@ -247,6 +265,7 @@ class Verifier:
                 "max_run_s": self.max_run_s,
                 "time_scale": self.time_scale,
                 "max_timeouts": self.max_timeouts,
+                "plain_stdio_max_tests": self.plain_stdio_max_tests,
             },
             sort_keys=True,
         )
@@ -269,7 +288,7 @@ class Verifier:
             ]
         else:
             checked: dict[str, ExecResult] = {}
-            if task.language == "python":
+            if task.language == "python" and not _runs_directly(task, self.plain_stdio_max_tests):
                 judged, timings, env_id = await self._verify_harness(task, asm.source, cmp)
             elif task.test_kind == "function":
                 judged, timings, env_id = await self._verify_calls(task, asm.source, cmp)
@@ -301,7 +320,7 @@ class Verifier:
             format_error=asm.format_error,
         )
 
-    # -- python: one harness run ------------------------------------------------------------
+    # -- python: one harness run (stdin/stdout tasks with few tests: one run per test) -------
 
     def _plan(self, task: Task) -> tuple[dict[str, Any], Limits]:
         per_test = task.limits.time_s * self.time_scale
@@ -314,11 +333,8 @@ class Verifier:
                 tests.append({"id": t.name, "kind": "script", "source": t.source,
                               "call": t.call, "timeout": per_test})
             else:
-                # Output beyond twice the expected length cannot match; the cap keeps the
-                # channel small. Leaks only the expected length, which decides nothing.
-                cap = min(max(4096, 2 * len(t.expected_stdout.encode()) + 1024), 4 << 20)
-                tests.append({"id": t.name, "kind": "io", "stdin": t.stdin, "cap": cap,
-                              "timeout": per_test})
+                tests.append({"id": t.name, "kind": "io", "stdin": t.stdin,
+                              "cap": _output_cap(t), "timeout": per_test})
         import_timeout = per_test + 2.0
         budget = min(import_timeout + per_test * len(tests) + 1.0, self.max_run_s)
         has_scripts = any(isinstance(t, ScriptTest) for t in task.tests)
@@ -422,7 +438,8 @@ class Verifier:
         per_test = task.limits.time_s * self.time_scale
         limits = Limits(time_s=per_test, memory_mb=task.limits.memory_mb)
         tests = [t for t in task.tests if isinstance(t, IOTest)]
-        graph = self._test_graph(task.language, source, tests, limits, task.environment)
+        graph = self._test_graph(task.language, source, tests, limits, task.environment,
+                                 capped=task.checker is None)
         if task.checker is not None:
             # compile -> test i -> checker i: the checker gets the test's output as a file,
             # and runs only when the test ran ok.
@@ -454,7 +471,12 @@ class Verifier:
                 return TestOutcome(name=_t.name, verdict=v, hidden=_h, weight=_t.weight,
                                    time_s=tm, detail=detail[:500] if detail else None)
 
-            if r.status is Status.OK:
+            if r.status is Status.OK and r.stdout_truncated:
+                # Beyond the cap (twice the expected output, see _output_cap) it cannot match.
+                outcomes.append((out(Verdict.WRONG_ANSWER,
+                                     "output longer than twice the expected output",
+                                     r.wall_time_s), None))
+            elif r.status is Status.OK:
                 outcomes.append(_judge_output(t, r.stdout, cmp, out(Verdict.PASSED, None, r.wall_time_s),
                                               task.checker))
             elif r.status is Status.OUTPUT_LIMIT:
@@ -465,10 +487,13 @@ class Verifier:
                 detail = r.error or (r.compile.stderr[-300:] if r.compile else r.stderr[-300:])
                 outcomes.append((out(v, detail or r.status.value, r.wall_time_s), None))
         wall = sum(r.wall_time_s for r in runs)
+        cpu = sum(r.cpu_time_s for r in runs)
         if compiled is not None and compiled.result is not None:
             wall += compiled.result.wall_time_s
+            cpu += compiled.result.cpu_time_s
         env_id = next((r.environment for r in runs if r.environment), None)
-        return outcomes, {"sandbox_wall_s": round(wall, 6)}, checked, env_id
+        return outcomes, {"sandbox_wall_s": round(wall, 6), "sandbox_cpu_s": round(cpu, 6)}, \
+            checked, env_id
 
     # -- java, go, rust, typescript function calls: compile the harness once, a run per test --
 
@@ -556,19 +581,27 @@ class Verifier:
 
     @staticmethod
     def _test_graph(language: str, source: str, tests: Sequence[IOTest],
-                    limits: Limits, environment: str | None = None) -> Graph:
+                    limits: Limits, environment: str | None = None, *,
+                    capped: bool = False) -> Graph:
         """``compile -> [test 1..n]`` for a compiled language (compile once, then each test in
         its own fresh sandbox on a copy of the same artifact: a test cannot touch another's
         output, and the compiler runs once, not once per test); ``[test 1..n]`` otherwise.
 
         The compiler runs as a program of its own, within the compile limits that the test
-        runs' limits derive (``Limits.compile_time_limit_s``/``compile_memory_limit_mb``)."""
+        runs' limits derive (``Limits.compile_time_limit_s``/``compile_memory_limit_mb``).
+        ``capped``: each test keeps only the stdout that could still match (``_output_cap``)."""
         spec = spec_for(language, limits=limits)
+
+        def test_limits(t: IOTest) -> Limits:
+            if not capped:
+                return limits
+            return limits.model_copy(update={"stdout_bytes": _output_cap(t)})
+
         if spec.compile is None:
             return Graph(nodes=tuple(
                 Node(id=_test_node(i), program=Program(language=language, source=source,
                                                        stdin=t.stdin, environment=environment),
-                     limits=limits)
+                     limits=test_limits(t))
                 for i, t in enumerate(tests)))
         compile_node = Node(
             id=_COMPILE_NODE, limits=_compile_limits(limits),
@@ -578,7 +611,7 @@ class Verifier:
         artifact = (Input(node=_COMPILE_NODE, file=spec.binary),)
         run_script = spec.run_script()
         return Graph(nodes=(compile_node, *(
-            Node(id=_test_node(i), inputs=artifact, limits=limits,
+            Node(id=_test_node(i), inputs=artifact, limits=test_limits(t),
                  program=Program(language="bash", source=run_script, stdin=t.stdin,
                                  environment=environment))
             for i, t in enumerate(tests))))
@@ -659,6 +692,24 @@ class Verifier:
 
 _COMPILE_NODE = "compile"
 _NO_VALUE = object()
+
+
+
+
+def _runs_directly(task: Task, max_tests: int) -> bool:
+    """A Python task whose tests run as plain programs, one sandbox run each (no harness):
+    stdin/stdout tests only, few of them, and no hash seed of its own (the harness re-executes
+    the interpreter for that)."""
+    return (task.test_kind == "stdio" and task.hash_seed is None
+            and len(task.tests) <= max_tests
+            and all(isinstance(t, IOTest) for t in task.tests))
+
+
+def _output_cap(test: IOTest) -> int:
+    """The stdout worth keeping for a stdin/stdout test: output beyond twice the expected
+    length cannot match, and the cap keeps floods small. Leaks only the expected length, which
+    decides nothing."""
+    return min(max(4096, 2 * len(test.expected_stdout.encode()) + 1024), 4 << 20)
 
 
 def _compile_limits(limits: Limits) -> Limits:

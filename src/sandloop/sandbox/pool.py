@@ -19,7 +19,7 @@ from types import TracebackType
 from sandloop import _aio as aio
 from sandloop.envs import Environment, EnvNotFound, EnvStore
 from sandloop.errors import EnvError, SandboxError
-from sandloop.sandbox import cgroups, host
+from sandloop.sandbox import cgroups, host, warm
 from sandloop.sandbox.jailbuild import JailBuild, find_jail
 from sandloop.sandbox.languages import WORK_DIR, LanguageUnavailable, Step, spec_for
 from sandloop.sandbox.models import (
@@ -47,6 +47,7 @@ from sandloop.sandbox.slot import (
     default_python,
 )
 from sandloop.sandbox.unisolated import UnisolatedIdentity, run_unisolated, unisolated_identity
+from sandloop.sandbox.warm import WarmModules
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +236,9 @@ class SandboxPool:
     ``"full"``, a host that lacks a required feature makes every run a ``sandbox_error`` that
     names what is missing. ``preload`` names the modules each slot's interpreter imports once
     (default ``DEFAULT_PRELOAD``); add e.g. ``"unittest"`` when most programs import it.
+    ``warm_modules`` (name -> source; default what is registered in ``sandbox.warm``, the
+    verifier's harness once ``sandloop.reward`` is imported) are sandloop's own modules that
+    each zygote loads once for the programs that look for them in ``sys.modules``.
 
     ``environment`` (a name, an id, or an ``Environment``; default the built-in ``python``,
     built from the host on first use) is what the slots mount at /opt/env and run their
@@ -259,6 +263,7 @@ class SandboxPool:
         preload: Sequence[str] = DEFAULT_PRELOAD,
         environment: str | Environment | None = None,
         env_store: EnvStore | None = None,
+        warm_modules: WarmModules | None = None,
     ) -> None:
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(f"isolation must be one of {ISOLATION_LEVELS}, got {isolation!r}")
@@ -272,6 +277,7 @@ class SandboxPool:
         self.max_zygote_rss_mb = max_zygote_rss_mb
         self.preload = tuple(preload)
         self._preload_arg = self.preload  # without the environment's (sub-pools add their own)
+        self.warm_modules = dict(warm.registered() if warm_modules is None else warm_modules)
         self._env_ref = environment
         self._envs = EnvResolver(env_store)
         self.environment: Environment | None = None  # resolved at start (full isolation)
@@ -334,6 +340,7 @@ class SandboxPool:
         self._config = SlotConfig(
             python=self.python, base_dir=base, binds=binds, symlinks=symlinks,
             bpf=compile_filter(), cgroups=backend, pool_id=self.pool_id, preload=self.preload,
+            warm=warm.zygote_entries(self.warm_modules),
             jail=self.jail.path, environment=self.environment,
         )
         self._slots = [Slot(i, self.uid_base + i, self.uid_base + i, self._config,
@@ -476,7 +483,8 @@ class SandboxPool:
                     uid_base=DEFAULT_UID_BASE, max_runs_per_slot=self.max_runs_per_slot,
                     max_slots=self.max_size, idle_shrink_s=self.idle_shrink_s,
                     max_zygote_rss_mb=self.max_zygote_rss_mb, preload=self._preload_arg,
-                    environment=env, env_store=self._envs.store)
+                    environment=env, env_store=self._envs.store,
+                    warm_modules=self.warm_modules)
                 await pool.start()
                 self._env_pools[env.id] = pool
         return pool

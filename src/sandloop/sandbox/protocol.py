@@ -181,6 +181,9 @@ class ZygoteConfig(TypedDict, total=False):
     binds: list[str]
     symlinks: dict[str, str]
     preload: list[str]
+    # [module name, source, source hash, cache tag, code]: warm.py's modules, their code
+    # compiled by the supervisor (marshal, hex), for an interpreter of that cache tag
+    warm: list[list[str]]
     jail: str | None  # the C helper's path, or None: the Python steps
     mounts: list[list[str]]  # [host directory, path inside the root]: environment trees
     exec: str | None  # the environment's interpreter inside the root (None: stay on this one)

@@ -89,6 +89,8 @@ class SlotConfig:
     cgroups: CgroupBackend
     pool_id: str
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    # What each zygote loads (warm.py): protocol.ZygoteConfig's ``warm`` entries.
+    warm: tuple[tuple[str, str, str, str, str], ...] = ()
     jail: str | None = None  # the compiled C isolation steps (jailbuild), or None: Python's
     # The environment the zygotes mount and re-execute on (runenv.zygote_config); None: they
     # stay on ``python``, bound at its host path (as before environments).
@@ -274,6 +276,7 @@ class Slot:
             "binds": list(self.config.binds),
             "symlinks": self.config.symlinks,
             "preload": list(self.config.preload),
+            "warm": [list(w) for w in self.config.warm],
             "jail": self.config.jail,
         }
         if self.config.environment is not None:

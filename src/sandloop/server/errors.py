@@ -154,6 +154,7 @@ STATUS: Mapping[type[Exception], HttpError] = {
     JsonLineError: HttpError(400, "invalid_input"),
     LabelError: HttpError(400, "invalid_task"),
     TaskFormatError: HttpError(400, "invalid_task"),
+    SignatureError: HttpError(400, "invalid_task"),
     ValueCodecError: HttpError(400, "invalid_task"),
     SignatureError: HttpError(400, "invalid_task"),
     CompletionFileError: HttpError(400, "invalid_input"),

@@ -25,9 +25,9 @@ import json
 import math
 from typing import Any
 
-try:
+if __name__ == "sandloop.tasks.values":
     from sandloop.errors import InputError as _CodecBase
-except ImportError:  # the verbatim copy inside the sandbox: standard library only
+else:  # the verbatim copy inside the sandbox (``_sl_values``): standard library only
     _CodecBase = ValueError  # type: ignore[misc,assignment]
 
 __all__ = [
