@@ -156,7 +156,6 @@ STATUS: Mapping[type[Exception], HttpError] = {
     TaskFormatError: HttpError(400, "invalid_task"),
     SignatureError: HttpError(400, "invalid_task"),
     ValueCodecError: HttpError(400, "invalid_task"),
-    SignatureError: HttpError(400, "invalid_task"),
     CompletionFileError: HttpError(400, "invalid_input"),
     ResourceTooLarge: HttpError(400, "resource_too_large"),
     PatchError: HttpError(400, "invalid_patch"),
