@@ -71,10 +71,16 @@ def test_rollout_log_sqlite_round_trip_and_export(tmp_path: Path) -> None:
         assert list(db.rollouts("a")) == rs
         assert db.export_jsonl(tmp_path / "a.jsonl", "a") == len(rs)
         try:
-            import pyarrow  # noqa: F401
+            import pyarrow.parquet as pq
         except ImportError:
             with pytest.raises(ParquetUnavailable, match="pip install pyarrow"):
                 db.export_parquet(tmp_path / "a.parquet", "a")
+        else:  # the export holds every rollout, field for field
+            assert db.export_parquet(tmp_path / "a.parquet", "a") == len(rs)
+            back = pq.read_table(tmp_path / "a.parquet").to_pylist()
+            assert [{k: v for k, v in row.items() if v is not None} for row in back] == [
+                {k: (str(v) if k == "difficulty" else v) for k, v in r.to_dict().items()}
+                for r in rs]
     # the CLI reads the SQLite log directly, and exports it
     r = sh("monitor", "analyze", str(path), "--run", "a", "--json")
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1])["summary"]["rollouts"] == len(rs)
