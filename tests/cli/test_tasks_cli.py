@@ -100,3 +100,89 @@ def test_grade_and_split(tmp_path: Path) -> None:
     for a, b in (("demo/add", "demo/add_copy"), ("demo/vowels", "demo/vowel_positions")):
         assert (a in ev) == (b in ev) and (a in tr) == (b in tr)
     assert sh("tasks", "split", str(tasks), "--eval-fraction", "1.5").returncode == 2
+
+
+def test_every_threshold_and_severity_is_an_option(tmp_path: Path) -> None:
+    # Pure checks only (--check): no sandbox runs, so this is quick.
+    base = ("tasks", "validate", "curation-demo", "--check", "duplicate", "--no-db", "--json")
+    dup = {json.loads(x)["id"]: json.loads(x) for x in sh(*base).stdout.splitlines()}
+    assert dup["demo/add_copy"]["verdict"] == "reject"
+    r = sh(*base, "--severity", "duplicate=review")
+    assert r.returncode == 0, r.stderr  # nothing rejected any more
+    rec = next(json.loads(x) for x in r.stdout.splitlines() if "demo/add_copy" in x)
+    assert rec["verdict"] == "review" and rec["problems"][0]["severity"] == "review"
+    # A reworded, reformatted copy: prompt shingles 0.71 similar (under the 0.8 prompt
+    # threshold), the same canonical solution. Flagged by default, not when an identical
+    # solution must come with a prompt similarity of 0.9, and on the prompt alone at 0.7.
+    add = json.loads(sh("tasks", "show", "curation-demo", "demo/add", "--json").stdout)
+    plus = {**add, "id": "demo/plus", "version": "",
+            "prompt": "Write add(a, b) that returns the sum of two integers a and b, both of "
+                      "them ints.", "reference_solution": "def add(a,b):\n  # sum\n  return a+b\n"}
+    pair = tmp_path / "pair.jsonl"
+    pair.write_text(json.dumps(add) + "\n" + json.dumps(plus) + "\n")
+    only = ("tasks", "validate", str(pair), "--check", "duplicate", "--no-db", "--json")
+    flagged = [json.loads(x)["verdict"] for x in sh(*only).stdout.splitlines()]
+    assert flagged == ["keep", "reject"]
+    r = sh(*only, "--same-solution-threshold", "0.9")
+    assert r.returncode == 0 and [json.loads(x)["verdict"] for x in r.stdout.splitlines()] == [
+        "keep", "keep"]
+    r = sh(*only, "--duplicate-threshold", "0.7")
+    assert r.returncode == 1 and "prompt similarity" in r.stdout
+    for bad in (("--severity", "duplicate=maybe"), ("--severity", "nope=review"),
+                ("--check", "nope"), ("--min-mutants", "0"), ("--mutant-time-factor", "0"),
+                ("--shingle", "0")):
+        r = sh(*base, *bad)
+        assert r.returncode == 2 and "error" in r.stderr, (bad, r.stderr)
+
+
+def test_grade_reads_gzip_parquet_and_sqlite_rollout_logs(tmp_path: Path) -> None:
+    import gzip
+
+    from sandloop.monitor import Rollout
+    from sandloop.monitor.rolloutlog import RolloutLog
+
+    rows = [Rollout(step=s, task_id="demo/add", completion="c", reward=1.0) for s in range(8)]
+    rows += [Rollout(step=s, task_id="demo/weak", completion="c", reward=0.0) for s in range(8)]
+    with RolloutLog(tmp_path / "run.db") as log:
+        log.append(rows)
+    with gzip.open(tmp_path / "run.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r.to_dict()) + "\n" for r in rows))
+    logs = [tmp_path / "run.db", tmp_path / "run.jsonl.gz"]
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        assert sh("monitor", "export", str(logs[0]), "-o", str(tmp_path / "run.parquet")
+                  ).returncode == 0
+        logs.append(tmp_path / "run.parquet")
+    for log_path in logs:
+        out = tmp_path / f"{log_path.name}.grades.json"
+        r = sh("tasks", "grade", "curation-demo", "--rollouts", str(log_path), "-o", str(out))
+        assert r.returncode == 0, (log_path, r.stderr)
+        grades = json.loads(out.read_text())["tasks"]
+        assert grades["demo/add"]["trials"] == 8 and grades["demo/add"]["tier"] == "saturated"
+        assert grades["demo/weak"]["tier"] == "unsolved"
+    (tmp_path / "broken.gz").write_bytes(b"\x1f\x8b\x08\x00broken")
+    r = sh("tasks", "grade", "curation-demo", "--rollouts", str(tmp_path / "broken.gz"),
+           "-o", str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "broken.gz" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_reports_graded_tiers_as_difficulty(tmp_path: Path) -> None:
+    rollouts = tmp_path / "r.jsonl"
+    rollouts.write_text("".join(json.dumps({"task_id": "demo/add", "reward": 1.0}) + "\n"
+                                for _ in range(8)))
+    grades = tmp_path / "g.json"
+    assert sh("tasks", "grade", "curation-demo", "--rollouts", str(rollouts), "-o",
+              str(grades)).returncode == 0
+    html = tmp_path / "q.html"
+    r = sh("tasks", "validate", "curation-demo", "--check", "duplicate", "--no-db", "--json",
+           "--grades", str(grades), "--report", str(html))
+    diff = {json.loads(x)["id"]: json.loads(x)["difficulty"] for x in r.stdout.splitlines()}
+    assert diff["demo/add"] == "saturated" and diff["demo/clip"] == "medium"
+    page = html.read_text()
+    assert ">saturated</text>" in page and ">medium</text>" in page
+    r = sh("tasks", "validate", "curation-demo", "--check", "duplicate", "--no-db",
+           "--grades", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "no such grades file" in r.stderr

@@ -157,3 +157,13 @@ def test_sampler_follows_curriculum_and_drops_flat_groups() -> None:
     assert s.tier("t0") == "saturated" and s.tier("t1") == "unsolved"
     drawn = {t.id for t in s.sample(200)}
     assert drawn == {"t2", "t3"}  # only medium tasks (t3 has no observations yet)
+
+
+def test_difficulty_bars_order_tiers_and_bin_numbers() -> None:
+    from sandloop.curation.report import difficulty_bars
+
+    assert difficulty_bars(["hard", "saturated", None, "hard", "weird"]) == [
+        ("saturated", 1), ("hard", 2), ("weird", 1), ("ungraded", 1)]
+    assert difficulty_bars([1, 2, 2]) == [("1", 1), ("2", 2)]
+    many = difficulty_bars([i / 100 for i in range(100)])
+    assert len(many) == 10 and sum(n for _, n in many) == 100 and many[0][0] == "0-0.099"

@@ -137,3 +137,24 @@ def test_monitor_streams_each_step_as_it_completes() -> None:
             assert seen == [0, 1]
     mon.flush()
     assert seen == [0, 1, 2, 3]
+
+
+def test_report_axes_label_whole_steps_where_they_are_drawn() -> None:
+    import re
+    from dataclasses import replace
+
+    from sandloop.monitor.report import PAD_L, PAD_R, W, render_report, step_ticks
+
+    assert step_ticks(0, 9) == [0, 2, 4, 6, 8] and step_ticks(0, 59)[:3] == [0, 10, 20]
+    assert step_ticks(5, 17) == [6, 8, 10, 12, 14, 16]
+    a = analyze(synthetic_run(steps=10, per_step=16, group_size=4))
+    page = render_report(a.steps, a.alerts, a.summary())
+    first_chart = page[page.index("<svg"):page.index("</svg>")]
+    ticks = [(float(x), int(v)) for x, v in
+             re.findall(r'class="x-tick" x="([\d.]+)"[^>]*>(\d+)<', first_chart)]
+    assert [v for _, v in ticks] == [0, 2, 4, 6, 8]
+    for x, v in ticks:  # steps 0..9 span the plot width
+        assert x == pytest.approx(PAD_L + v / 9 * (W - PAD_L - PAD_R), abs=0.1)
+    assert 'id="no-tiers"' not in page  # the synthetic run has tiers
+    plain = [replace(s, pass_by_tier={}) for s in a.steps]
+    assert 'id="no-tiers"' in render_report(plain, [], a.summary())

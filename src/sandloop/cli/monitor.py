@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from sandloop.monitor.records import Rollout
     from sandloop.reward.scoring import Completion
     from sandloop.reward.verifier import CompletionResult
+    from sandloop.tasks import Task
 
 monitor_app = typer.Typer(
     help="Reward monitoring: per-step statistics, reward-hack/drift/diversity/infra alerts, "
@@ -62,8 +63,8 @@ def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
 
 
 def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
-            no_isolation: bool) -> tuple[set[str], object]:
-    """(task ids, async scoring function) through the ``sandloop score`` path."""
+            no_isolation: bool) -> tuple[dict[str, Task], object]:
+    """(tasks by id, async scoring function) through the ``sandloop score`` path."""
     from sandloop.cli.store_open import open_result_store
     from sandloop.engine import Engine
     from sandloop.reward.scoring import score_all
@@ -86,7 +87,7 @@ def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
             if store is not None:
                 store.close()
 
-    return set(by_id), score
+    return by_id, score
 
 
 def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, db: Path | None,
@@ -95,13 +96,18 @@ def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, 
     from sandloop.monitor.analysis import Monitor, RunAnalysis
     from sandloop.monitor.audit import AuditSampler, run_audit
     from sandloop.monitor.detectors import detect_audit_failures
+    from sandloop.monitor.signatures import TaskScanner
 
-    mon = Monitor(lag=lag)
     sampler = None
     score = None
+    scanner = None
     if tasks is not None:
-        known, score = _scorer(tasks, db, no_db, slots, no_isolation)
-        sampler = AuditSampler(share=audit_share, known=frozenset(known))
+        by_id, score = _scorer(tasks, db, no_db, slots, no_isolation)
+        # With the tasks known, a branch that answers a test's own inputs with its expected
+        # output is a hack signature by itself.
+        scanner = TaskScanner(by_id)
+        sampler = AuditSampler(share=audit_share, known=frozenset(by_id), scanner=scanner)
+    mon = Monitor(lag=lag, scanner=scanner)
     for r in _rollouts(log, run):
         mon.add(r)
         if sampler is not None:
@@ -110,7 +116,7 @@ def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, 
     result = RunAnalysis(mon.steps, list(mon.alerts), mon.late)
     if sampler is not None and score is not None:
         sample = sampler.sample()
-        outcomes = aio.run(run_audit(sample, score))  # type: ignore[arg-type]
+        outcomes = aio.run(run_audit(sample, score, scanner))  # type: ignore[arg-type]
         result.audit = [o.to_dict() for o in outcomes]
         result.alerts = sorted(result.alerts + detect_audit_failures(outcomes, mon.thresholds),
                                key=lambda a: a.step)

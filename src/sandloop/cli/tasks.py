@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -276,9 +276,26 @@ def _print_validation(res: ValidationRun, title: str) -> None:
               f"{res.mutants} mutants, {res.elapsed_s:.1f} s")
 
 
-def _config(repeat: int, max_mutants: int, min_mutation_score: float, slow_fraction: float,
-            duplicate_threshold: float, ngram: int, contamination_overlap: float,
-            hash_seeds: list[int] | None, checks: list[str] | None) -> Any:
+def _severity(specs: Sequence[str] | None) -> dict[str, str]:
+    """``CODE=reject|review`` pairs, checked (an unknown code or level is bad input)."""
+    from sandloop.curation.problems import ProblemCode
+
+    out: dict[str, str] = {}
+    for spec in specs or ():
+        code, sep, level = spec.partition("=")
+        if not sep or level not in ("reject", "review"):
+            raise _BadInput(f"--severity {spec!r}: expected CODE=reject or CODE=review")
+        try:
+            out[ProblemCode(code).value] = level
+        except ValueError:
+            raise _BadInput(f"--severity {spec!r}: unknown problem code {code!r}; codes: "
+                            + ", ".join(c.value for c in ProblemCode)) from None
+    return out
+
+
+def _config(*, hash_seeds: list[int] | None, checks: list[str] | None,
+            severity: list[str] | None, **thresholds: Any) -> Any:
+    """A ValidateConfig from the command's options (``thresholds``: its field names)."""
     from pydantic import ValidationError
 
     from sandloop.curation.problems import ProblemCode
@@ -286,11 +303,12 @@ def _config(repeat: int, max_mutants: int, min_mutation_score: float, slow_fract
 
     try:
         chosen = frozenset(ProblemCode(c) for c in checks) if checks else frozenset(ProblemCode)
-        return ValidateConfig(repeat=repeat, max_mutants=max_mutants,
-                              min_mutation_score=min_mutation_score, slow_fraction=slow_fraction,
-                              duplicate_threshold=duplicate_threshold, ngram=ngram,
-                              contamination_overlap=contamination_overlap,
-                              hash_seeds=tuple(hash_seeds or (1, 2, 3)), checks=chosen)
+    except ValueError as e:
+        raise _BadInput(f"--check: {e}; codes: "
+                        + ", ".join(c.value for c in ProblemCode)) from None
+    try:
+        return ValidateConfig(hash_seeds=tuple(hash_seeds or (1, 2, 3)), checks=chosen,
+                              severity=_severity(severity), **thresholds)
     except (ValidationError, ValueError) as e:
         raise _BadInput(f"invalid validation options: {e}") from None
 
@@ -313,6 +331,19 @@ Seeds = Annotated[list[int] | None, typer.Option(
     "--hash-seed", help="PYTHONHASHSEED values for `nondeterministic` (repeatable; default 1 2 3).")]
 Checks = Annotated[list[str] | None, typer.Option(
     "--check", help="Run only these problem codes' checks (repeatable; default: all).")]
+SeverityOpt = Annotated[list[str] | None, typer.Option(
+    "--severity", help="Override a code's severity: CODE=reject or CODE=review (repeatable).")]
+MinMutants = Annotated[int, typer.Option(
+    "--min-mutants", help="Fewer mutants than this: no weak_tests verdict.")]
+MutantTimeFactor = Annotated[float, typer.Option(
+    "--mutant-time-factor", help="A mutant's time limit: this x the reference's slowest test.")]
+MutantMinTime = Annotated[float, typer.Option(
+    "--mutant-min-time", help="A mutant's time limit is at least this many seconds.")]
+Shingle = Annotated[int, typer.Option(
+    "--shingle", help="Prompt word shingle size for `duplicate`.")]
+SameSolution = Annotated[float, typer.Option(
+    "--same-solution-threshold",
+    help="Prompt similarity from which an identical canonical solution is a `duplicate`.")]
 Db = Annotated[Path | None, typer.Option(
     "--db", help="Result store; default $SANDLOOP_DB or ~/.cache/sandloop/results.db.")]
 NoDb = Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")]
@@ -340,6 +371,13 @@ def validate(
     contamination_overlap: Overlap = 0.2,
     hash_seed: Seeds = None,
     check: Checks = None,
+    severity: SeverityOpt = None,
+    min_mutants: MinMutants = 3,
+    mutant_time_factor: MutantTimeFactor = 10.0,
+    mutant_min_time: MutantMinTime = 0.25,
+    shingle: Shingle = 5,
+    same_solution_threshold: SameSolution = 0.3,
+    grades: Grades = None,
     db: Db = None,
     no_db: NoDb = False,
     slots: Slots = None,
@@ -355,14 +393,26 @@ def validate(
     def go() -> int:
         from sandloop.cli.repo_validate import is_repo_set
 
+        graded = _load_grades(tasks, grades)  # before the run: a bad grades file fails fast
         if is_repo_set(_resolve(tasks)):
             res = _validate_repo(tasks, against, check, slots, no_isolation)
         else:
-            cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
-                          duplicate_threshold, ngram, contamination_overlap, hash_seed, check)
+            cfg = _config(
+                hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat,
+                max_mutants=max_mutants, min_mutants=min_mutants,
+                min_mutation_score=min_mutation_score, mutant_time_factor=mutant_time_factor,
+                mutant_min_time_s=mutant_min_time, slow_fraction=slow_fraction,
+                shingle=shingle, duplicate_threshold=duplicate_threshold,
+                same_solution_threshold=same_solution_threshold, ngram=ngram,
+                contamination_overlap=contamination_overlap)
             task_list = _load(tasks, format)
             others = [t for a in against or () for t in _load(a, None)]
             res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
+        if graded:
+            # A graded set's tier is its difficulty, in the JSON and the report's histogram.
+            res = res.model_copy(update={"reports": [
+                r.model_copy(update={"difficulty": graded[r.id].tier}) if r.id in graded else r
+                for r in res.reports]})
         if as_json:
             for r in res.reports:
                 print(r.model_dump_json())
@@ -395,6 +445,14 @@ def curate(
     duplicate_threshold: DupThreshold = 0.8,
     ngram: Ngram = 13,
     contamination_overlap: Overlap = 0.2,
+    hash_seed: Seeds = None,
+    check: Checks = None,
+    severity: SeverityOpt = None,
+    min_mutants: MinMutants = 3,
+    mutant_time_factor: MutantTimeFactor = 10.0,
+    mutant_min_time: MutantMinTime = 0.25,
+    shingle: Shingle = 5,
+    same_solution_threshold: SameSolution = 0.3,
     db: Db = None,
     no_db: NoDb = False,
     slots: Slots = None,
@@ -405,8 +463,14 @@ def curate(
     def go() -> int:
         from sandloop.curation.sets import make_manifest
 
-        cfg = _config(repeat, max_mutants, min_mutation_score, slow_fraction,
-                      duplicate_threshold, ngram, contamination_overlap, None, None)
+        cfg = _config(
+            hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat,
+            max_mutants=max_mutants, min_mutants=min_mutants,
+            min_mutation_score=min_mutation_score, mutant_time_factor=mutant_time_factor,
+            mutant_min_time_s=mutant_min_time, slow_fraction=slow_fraction, shingle=shingle,
+            duplicate_threshold=duplicate_threshold,
+            same_solution_threshold=same_solution_threshold, ngram=ngram,
+            contamination_overlap=contamination_overlap)
         task_list = _load(tasks, format)
         others = [t for a in against or () for t in _load(a, None)]
         res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
@@ -465,12 +529,66 @@ def diff(a: Annotated[str, typer.Argument(help="The older set.")],
     _run(go)
 
 
+def _observed_rewards(path: Path) -> Iterator[tuple[str, float | None]]:
+    """``(task_id, reward)`` of each line of a rollouts file: ``sandloop score
+    --out`` results or a rollout log, as JSON lines (``.gz`` too), Parquet (``sandloop monitor
+    export``) or the SQLite rollout log that ``--rollout-log`` writes."""
+    from sandloop.monitor.rolloutlog import RolloutLog, RolloutLogError, is_sqlite
+    from sandloop.tasks import TaskFormatError
+    from sandloop.tasks.loaders import read_parquet
+
+    if is_sqlite(path):
+        try:
+            with RolloutLog(path) as log:
+                for ro in log.rollouts():
+                    yield ro.task_id, ro.reward
+        except RolloutLogError as e:
+            raise _BadInput(str(e)) from None
+        return
+    try:
+        with path.open("rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+    except OSError as e:
+        raise _BadInput(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        if path.suffix == ".parquet":
+            records: Iterator[tuple[int, dict[str, Any]]] = read_parquet(path)
+        else:
+            records = _json_lines(path, gz)
+        for lineno, rec in records:
+            tid, r = rec.get("task_id"), rec.get("reward")
+            if not isinstance(tid, str) or isinstance(r, bool) or not (
+                    r is None or isinstance(r, int | float)):
+                raise _BadInput(f"{path}:{lineno}: needs 'task_id' (string) and 'reward' "
+                                "(number or null)")
+            yield tid, None if r is None else float(r)
+    except TaskFormatError as e:
+        raise _BadInput(str(e)) from None
+
+
+def _json_lines(path: Path, gz: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+    import gzip
+
+    from sandloop.jsonl import JsonLineError, json_objects
+
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if gz
+              else path.open(encoding="utf-8")) as fh:
+            yield from json_objects(fh)
+    except JsonLineError as e:
+        raise _BadInput(f"{path}:{e.line}: {e.reason}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise _BadInput(f"{path}: cannot read ({e}); expected JSON lines (.gz too), Parquet "
+                        "or a SQLite rollout log") from None
+
+
 @app.command("grade")
 def grade(
     tasks: TasksArg,
     rollouts: Annotated[list[Path], typer.Option(
-        "--rollouts", help="JSONL with task_id and reward per line: `sandloop score --out` "
-                           "results or rollout logs (repeatable).")],
+        "--rollouts", help="task_id and reward per record: `sandloop score --out` results or "
+                           "rollout logs; JSON lines (.gz too), Parquet or a SQLite rollout "
+                           "log (repeatable).")],
     out: Annotated[Path | None, typer.Option(
         "-o", "--out", help="Grades file; default TASKS.grades.json next to the set.")] = None,
     format: Format = None,
@@ -481,28 +599,17 @@ def grade(
     def go() -> int:
         from sandloop.curation.difficulty import grade as grade_rewards
         from sandloop.curation.sets import set_version
-        from sandloop.jsonl import JsonLineError, json_objects
 
         ts = _load(tasks, format)
         ids = {t.id for t in ts}
         rewards: dict[str, list[float | None]] = {t.id: [] for t in ts}
         unknown: Counter[str] = Counter()
         for path in rollouts:
-            try:
-                with path.open(encoding="utf-8") as fh:
-                    for lineno, rec in json_objects(fh):
-                        tid, r = rec.get("task_id"), rec.get("reward")
-                        if not isinstance(tid, str) or not (r is None or isinstance(r, int | float)):
-                            raise _BadInput(f"{path}:{lineno}: needs 'task_id' (string) and "
-                                            "'reward' (number or null)")
-                        if tid not in ids:
-                            unknown[tid] += 1
-                            continue
-                        rewards[tid].append(None if r is None else float(r))
-            except OSError as e:
-                raise _BadInput(f"{path}: cannot read: {e.strerror or e}") from None
-            except JsonLineError as e:
-                raise _BadInput(f"{path}:{e.line}: {e.reason}") from None
+            for tid, r in _observed_rewards(path):
+                if tid not in ids:
+                    unknown[tid] += 1
+                    continue
+                rewards[tid].append(r)
         if unknown:
             err.print(f"[yellow]warning:[/] {sum(unknown.values())} lines name tasks not in the "
                       f"set (e.g. {next(iter(unknown))!r}); ignored")

@@ -11,10 +11,11 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandloop.curation.difficulty import TIERS
 from sandloop.curation.problems import ProblemCode
 from sandloop.curation.validate import ValidationRun
 
-__all__ = ["bar_chart", "render_report", "write_report"]
+__all__ = ["bar_chart", "difficulty_bars", "render_report", "write_report"]
 
 _COLOURS = {"keep": "#2e7d32", "review": "#f9a825", "reject": "#c62828"}
 
@@ -44,6 +45,30 @@ def bar_chart(title: str, bars: Sequence[tuple[str, float]], *, colour: str = "#
     return "".join(parts)
 
 
+def difficulty_bars(values: Sequence[float | str | None]) -> list[tuple[str, float]]:
+    """Tasks per difficulty: tiers in tier order (easiest first), other names sorted, numeric
+    difficulties as they are (up to 10 distinct values) or in 10 equal-width bins, then the
+    ungraded ones."""
+    names = Counter(v for v in values if isinstance(v, str))
+    nums = sorted(float(v) for v in values if isinstance(v, int | float))
+    bars: list[tuple[str, float]] = [(t, names.pop(t)) for t in TIERS if t in names]
+    bars += sorted(names.items())
+    if len(set(nums)) <= 10:
+        bars += [(f"{v:g}", n) for v, n in sorted(Counter(nums).items())]
+    else:
+        lo, hi = nums[0], nums[-1]
+        width = (hi - lo) / 10
+        bins = [0] * 10
+        for v in nums:
+            bins[min(9, int((v - lo) / width))] += 1
+        bars += [(f"{lo + i * width:.3g}-{lo + (i + 1) * width:.3g}", n)
+                 for i, n in enumerate(bins)]
+    ungraded = sum(v is None for v in values)
+    if ungraded:
+        bars.append(("ungraded", ungraded))
+    return bars
+
+
 def render_report(res: ValidationRun, title: str = "Task quality") -> str:
     """The report as one HTML document."""
     reports = res.reports
@@ -53,8 +78,6 @@ def render_report(res: ValidationRun, title: str = "Task quality") -> str:
     bins = [0] * 10
     for s in scores:
         bins[min(9, int(s * 10))] += 1
-    difficulty = Counter(
-        str(r.difficulty) if r.difficulty is not None else "ungraded" for r in reports)
     tags = Counter(tag for r in reports for tag in r.tags)
     charts = [
         bar_chart("verdicts", [(v, verdicts[v]) for v in ("keep", "review", "reject")],
@@ -63,7 +86,8 @@ def render_report(res: ValidationRun, title: str = "Task quality") -> str:
                   colour="#c62828"),
         bar_chart(f"mutation score ({len(scores)} tasks)",
                   [(f"{i / 10:.1f}-{(i + 1) / 10:.1f}", n) for i, n in enumerate(bins)]),
-        bar_chart("difficulty", sorted(difficulty.items()), colour="#6a1b9a"),
+        bar_chart("difficulty", difficulty_bars([r.difficulty for r in reports]),
+                  colour="#6a1b9a"),
         bar_chart("tags (top 15)", tags.most_common(15), colour="#00838f"),
     ]
     rows = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from sandloop.monitor.detectors import DETECTORS, Alert, Thresholds
 from sandloop.monitor.records import Rollout
-from sandloop.monitor.stats import StepAggregator, StepStats
+from sandloop.monitor.stats import Scanner, StepAggregator, StepStats
 
 __all__ = ["Monitor", "RunAnalysis", "analyze"]
 
@@ -19,16 +19,18 @@ class Monitor:
     been quiet for ``thresholds.rearm`` steps (one alert per episode, not one per step).
 
     ``on_step`` / ``on_alert`` are called as steps complete (the dashboard and Prometheus hang
-    here). All steps' statistics are kept (a few hundred bytes each).
+    here). All steps' statistics are kept (a few hundred bytes each). ``scanner`` finds hack
+    signatures (a ``signatures.TaskScanner`` when the task set is known).
     """
 
     def __init__(self, thresholds: Thresholds | None = None, *, lag: int = 0,
                  on_step: Callable[[StepStats], None] | None = None,
-                 on_alert: Callable[[Alert], None] | None = None) -> None:
+                 on_alert: Callable[[Alert], None] | None = None,
+                 scanner: Scanner | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.steps: list[StepStats] = []
         self.alerts: list[Alert] = []
-        self._agg = StepAggregator(lag)
+        self._agg = StepAggregator(lag, scanner)
         th = self.thresholds
         self._history: deque[StepStats] = deque(maxlen=th.window + th.recent)
         self._quiet: dict[str, int] = dict.fromkeys(DETECTORS, th.rearm)
@@ -110,9 +112,9 @@ class RunAnalysis:
 
 
 def analyze(rollouts: Iterable[Rollout], thresholds: Thresholds | None = None, *,
-            lag: int = 0) -> RunAnalysis:
+            lag: int = 0, scanner: Scanner | None = None) -> RunAnalysis:
     """Analyse a run's rollouts, streaming (each step as it completes)."""
-    mon = Monitor(thresholds, lag=lag)
+    mon = Monitor(thresholds, lag=lag, scanner=scanner)
     mon.add_many(rollouts)
     mon.flush()
     return RunAnalysis(mon.steps, mon.alerts, mon.late)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sandloop.monitor.detectors import AuditOutcome
 from sandloop.monitor.records import Rollout
 from sandloop.monitor.signatures import scan_cached
+from sandloop.monitor.stats import Scanner
 from sandloop.reward.scoring import Completion
 from sandloop.reward.verifier import CompletionResult
 
@@ -34,7 +35,8 @@ class AuditSampler:
     ``high``: the training reward from which a completion is a candidate. ``known``: task ids
     that can be audited (those of the task set); others are counted in ``unknown_tasks``.
     Candidates are kept per distinct (task, completion), bounded by ``max_candidates``
-    (reservoir sampling beyond it).
+    (reservoir sampling beyond it). ``scanner``: how signatures are found (default:
+    ``scan_cached``; the monitor's own scanner, so both agree on what is flagged).
     """
 
     share: float = 0.1
@@ -42,6 +44,7 @@ class AuditSampler:
     seed: int = 0
     known: frozenset[str] | None = None
     max_candidates: int = 200_000
+    scanner: Scanner | None = None
     seen: int = 0
     unknown_tasks: int = 0
     _flagged: dict[tuple[str, str], Rollout] = field(default_factory=dict)
@@ -65,7 +68,7 @@ class AuditSampler:
         if key in self._keys:
             return
         self._keys.add(key)
-        if scan_cached(r.completion):
+        if self._signatures(r):
             if len(self._flagged) < self.max_candidates:
                 self._flagged[key] = r
             return
@@ -76,6 +79,11 @@ class AuditSampler:
             j = self._rng.randrange(self._plain_seen)
             if j < self.max_candidates:
                 self._plain[j] = r
+
+    def _signatures(self, r: Rollout) -> frozenset[str]:
+        if self.scanner is None:
+            return scan_cached(r.completion)
+        return self.scanner(r.task_id, r.completion)
 
     def add_many(self, rollouts: Iterable[Rollout]) -> None:
         for r in rollouts:
@@ -98,8 +106,10 @@ class AuditSampler:
         return sorted(out, key=lambda r: r.step)
 
 
-async def run_audit(sample: Sequence[Rollout], score: AuditScorer) -> list[AuditOutcome]:
-    """Score ``sample`` through ``score`` and pair each result with its training reward."""
+async def run_audit(sample: Sequence[Rollout], score: AuditScorer,
+                    scanner: Scanner | None = None) -> list[AuditOutcome]:
+    """Score ``sample`` through ``score`` and pair each result with its training reward (and
+    the signatures ``scanner`` finds, default ``scan_cached``)."""
     items = [Completion(task_id=r.task_id, completion=r.completion,
                         completion_id=r.completion_id or f"audit:{i}")
              for i, r in enumerate(sample)]
@@ -109,5 +119,7 @@ async def run_audit(sample: Sequence[Rollout], score: AuditScorer) -> list[Audit
         out.append(AuditOutcome(step=r.step, task_id=r.task_id, completion_id=r.completion_id,
                                 train_reward=float(r.reward or 0.0), audit_reward=res.reward,
                                 audit_verdict=res.verdict.value, completion=r.completion,
-                                signatures=tuple(sorted(scan_cached(r.completion)))))
+                                signatures=tuple(sorted(
+                                    scan_cached(r.completion) if scanner is None
+                                    else scanner(r.task_id, r.completion)))))
     return out

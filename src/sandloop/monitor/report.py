@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 from sandloop.monitor.detectors import Alert
 from sandloop.monitor.stats import StepStats
 
-__all__ = ["render_report"]
+__all__ = ["render_report", "step_ticks"]
 
 W, H = 860, 220
 PAD_L, PAD_R, PAD_T, PAD_B = 48, 12, 16, 28
@@ -50,10 +51,28 @@ def _frame(ax: _Axes, title: str, y_fmt: str = "{:.1f}") -> list[str]:
         out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'stroke="#e5e7eb"/><text x="{PAD_L - 4}" y="{y + 4:.1f}" '
                    f'text-anchor="end">{y_fmt.format(v)}</text>')
-    for i in range(6):
-        v = ax.x0 + (ax.x1 - ax.x0) * i / 5
-        out.append(f'<text x="{ax.x(v):.1f}" y="{H - 10}" text-anchor="middle">{v:.0f}</text>')
+    for v in step_ticks(ax.x0, ax.x1):
+        out.append(f'<text class="x-tick" x="{ax.x(v):.1f}" y="{H - 10}" '
+                   f'text-anchor="middle">{v}</text>')
     return out
+
+
+def step_ticks(x0: float, x1: float, most: int = 8) -> list[int]:
+    """Whole steps to label an axis from ``x0`` to ``x1`` with: every 1, 2, 5, 10, 20, ...
+    steps, at most ``most`` of them (a label sits exactly where its step is drawn)."""
+    span = max(1.0, x1 - x0)
+    every = next(e for e in _nice() if span / e <= most - 1)
+    first = math.ceil(x0 / every) * every
+    return list(range(first, math.floor(x1) + 1, every))
+
+
+def _nice() -> Iterator[int]:
+    """1, 2, 5, 10, 20, 50, ..."""
+    scale = 1
+    while True:
+        for k in (1, 2, 5):
+            yield k * scale
+        scale *= 10
 
 
 def _alert_marks(ax: _Axes, alerts: Sequence[Alert]) -> list[str]:
@@ -208,7 +227,10 @@ def render_report(steps: Sequence[StepStats], alerts: Sequence[Alert],
         _reward_chart(steps, alerts),
         _heatmap(steps, alerts),
         _verdict_mix(steps, alerts),
-        _lines(steps, tier_series, alerts, "pass rate by difficulty tier") if tiers else "",
+        _lines(steps, tier_series, alerts, "pass rate by difficulty tier") if tiers else
+        '<p id="no-tiers">Pass rate by difficulty tier: no rollout in this log names a '
+        "difficulty (the log's <code>difficulty</code> field; tasks that carry one fill it "
+        "in).</p>",
         _lines(steps, health, alerts, "health: hack signatures, infrastructure, diversity"),
         _lines(steps, {"completion length (chars, mean)": [(float(s.step), s.length_mean)
                                                            for s in steps]},

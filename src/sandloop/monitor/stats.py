@@ -9,7 +9,7 @@ ever see: they are small, JSON-able, and the only thing kept per step.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 from sandloop.monitor.records import Rollout
 from sandloop.monitor.signatures import scan_cached
 
-__all__ = ["HIST_EDGES", "INFRA_VERDICTS", "StepAggregator", "StepStats", "compute_step_stats",
+__all__ = ["HIST_EDGES", "INFRA_VERDICTS", "Scanner", "StepAggregator", "StepStats", "compute_step_stats",
            "normalized", "tier_of"]
 
 # Ten bins over [0, 1] (rewards outside are counted in the first or last bin).
@@ -26,6 +26,9 @@ HIST_EDGES = tuple(i / 10 for i in range(11))
 INFRA_VERDICTS = frozenset({"sandbox_error", "timeout", "memory_limit"})
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 MAX_EXAMPLES = 5
+# (task id, completion) -> hack signatures; the default ignores the task (``scan_cached``),
+# a ``signatures.TaskScanner`` also matches literal branches against the task's tests.
+Scanner = Callable[[str, str], frozenset[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +120,10 @@ def _excerpt(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def compute_step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
-    """The statistics of one step's rollouts (a pure function)."""
+def compute_step_stats(step: int, rollouts: Sequence[Rollout],
+                       scanner: Scanner | None = None) -> StepStats:
+    """The statistics of one step's rollouts (a pure function; ``scanner`` finds the hack
+    signatures, default: ``signatures.scan_cached`` of the text alone)."""
     n = len(rollouts)
     rewards = [r.reward for r in rollouts if r.reward is not None]
     arr = np.asarray(rewards, dtype=np.float64)
@@ -172,7 +177,7 @@ def compute_step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
         lengths[i] = len(text)
         if r.wall_time_s is not None:
             times.append(r.wall_time_s)
-        found = scan_cached(text)
+        found = scan_cached(text) if scanner is None else scanner(r.task_id, text)
         if found:
             hacked += 1
             rewarded = r.reward is not None and r.reward > 0.5
@@ -221,10 +226,11 @@ class StepAggregator:
     step's statistics have been published.
     """
 
-    def __init__(self, lag: int = 0) -> None:
+    def __init__(self, lag: int = 0, scanner: Scanner | None = None) -> None:
         if lag < 0:
             raise ValueError("lag must be >= 0")
         self.lag = lag
+        self.scanner = scanner
         self.late = 0
         self._open: dict[int, list[Rollout]] = {}
         self._closed_upto = -1
@@ -259,6 +265,6 @@ class StepAggregator:
         if not self._open or min(self._open) >= bound:
             return []
         done = sorted(s for s in self._open if s < bound)
-        out = [compute_step_stats(s, self._open.pop(s)) for s in done]
+        out = [compute_step_stats(s, self._open.pop(s), self.scanner) for s in done]
         self._closed_upto = max(self._closed_upto, done[-1])
         return out
