@@ -49,6 +49,7 @@ from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
+from sandloop.errors import InputError
 from sandloop.sandbox.graph import Graph, GraphResult, Node, execute_nodes
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
@@ -1038,6 +1039,11 @@ class Engine:
             # Withdrawn while running (or the engine is closing): the sandbox layer has killed
             # the run; its journal entry stays unfinished, so resume() would run it again.
             result = None
+        except InputError as e:
+            # The request's own fault (it names an environment that does not exist): raised to
+            # its caller, never a sandbox_error (which would be retried, then scored null).
+            lost = e
+            result = ExecResult.sandbox_error(str(e))  # not delivered: _fail below
         except Exception as e:  # a backend bug or crash is an infrastructure failure
             result = ExecResult.sandbox_error(f"backend failed: {type(e).__name__}: {e}")
         finally:
