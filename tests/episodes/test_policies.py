@@ -40,6 +40,32 @@ async def test_fixing_policy_earns_1(engine: Engine, spanlib: RepoTask) -> None:
             await ep.call("run_tests")
 
 
+async def test_engine_episode_is_the_same_api(engine: Engine, spanlib: RepoTask) -> None:
+    # The spelling: `async with engine.episode(task) as ep: await ep.call(...)`.
+    async with engine.episode(spanlib, max_turns=3) as ep:
+        assert "spanlib/core.py" in ep.observation["files"]
+        obs = await ep.call("run_tests")
+        assert obs["failed"] >= 1 and not ep.done
+        await ep.call("apply_patch", patch=spanlib.patch)
+        final = await ep.call("submit")
+        assert final["reward"] == 1.0 and ep.turns == 3
+
+
+async def test_engine_episode_loads_episodes_only_when_used() -> None:
+    # The engine may not import episodes (layers); the package root wires the method, and
+    # `import sandloop.engine` does not pay for the episodes layer until one is opened.
+    import subprocess
+    import sys
+    code = ("import sys, sandloop.engine, sandloop.tasks.repo as r\n"
+            "assert 'sandloop.episodes' not in sys.modules\n"
+            "e = sandloop.engine.Engine(slots=1)\n"
+            "cm = e.episode(r.load_repo_tasks('repo-demo')[0], max_turns=2)\n"
+            "assert 'sandloop.episodes' in sys.modules and hasattr(cm, '__aenter__')\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "ok\n", r.stderr
+
+
 async def test_hidden_tests_are_not_visible_before_grading(engine: Engine,
                                                            spanlib: RepoTask) -> None:
     async with episode(engine, spanlib) as ep:

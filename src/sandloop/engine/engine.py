@@ -33,8 +33,9 @@ from collections.abc import (
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from sandloop import _extensions
 from sandloop.engine.backends import Backend, ElasticBackend, LocalBackend, declared_memory_mb
 from sandloop.engine.errors import (
     DeadlineExceeded,
@@ -54,6 +55,9 @@ from sandloop.sandbox.graph import Graph, GraphResult, Node, execute_nodes
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
+
+if TYPE_CHECKING:
+    from sandloop.tasks.repo import RepoTask
 
 logger = logging.getLogger(__name__)
 
@@ -929,6 +933,20 @@ class Engine:
         self._sessions[s.id] = s  # its storage, reserved above, is released by _session_gone
         self.stats.sessions = len(self._sessions)
         return s
+
+    def episode(self, task: RepoTask, config: Any = None, *, log: Any = None,
+                **overrides: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``async with engine.episode(task) as ep: obs = await ep.call("run_tests")`` — a
+        multi-turn, tool-using episode over a repository task (``sandloop.episodes.episode``:
+        reset on entry, ``ep.observation``; closed on exit). ``config`` is an
+        ``EpisodeConfig``; keyword ``overrides`` replace its fields (``max_turns=5``); ``log``
+        an ``EpisodeLog`` to record it. Episodes sit above the engine in the layer table, so
+        the package root provides this (sandloop/_extensions.py)."""
+        opener = _extensions.episode_opener
+        assert opener is not None, "set by sandloop/__init__.py, which runs first"
+        cm: contextlib.AbstractAsyncContextManager[Any] = opener(self, task, config, log=log,
+                                                                 **overrides)
+        return cm
 
     @contextlib.asynccontextmanager
     async def session(self, *, language: str = "python", limits: Limits | None = None,
