@@ -61,7 +61,7 @@ def test_build_errors_are_exit_2_with_the_fix(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root")
 def test_check_reports_every_probe(tmp_path: Path) -> None:
-    r = cli("check", "--repeat", "1", "--slots", "2", "--json", store=tmp_path)
+    r = cli("check", "--repeat", "1", "--slots", "2", "--json", "--env", "python", store=tmp_path)
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     by_name = {x["probe"]: x for x in lines}
     assert {"set_order", "str_hash", "locale", "timezone", "environ", "shell_python"} <= set(by_name)
@@ -114,3 +114,8 @@ def test_exec_tells_the_new_languages_by_their_extension(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["stdout"] == "hi go\n" and res["compile"]["status"] == "ok"
+
+
+def test_check_of_an_unknown_environment_is_exit_2(tmp_path: Path) -> None:
+    r = cli("check", "--repeat", "1", "--env", "no-such-env", store=tmp_path)
+    assert r.returncode == 2 and "no environment 'no-such-env'" in r.stderr, r.stderr
