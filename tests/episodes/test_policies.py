@@ -221,3 +221,21 @@ async def test_time_budget_ends_the_episode_without_running_the_call(
         obs = await ep.call("run", command="echo should-not-run")
         assert obs["ended_by"] == "max_time" and "stdout" not in obs
         assert ep.done and obs["reward"] == 0.0
+
+
+async def test_a_lost_sandbox_ends_the_episode_as_sandbox_error(spanlib: RepoTask) -> None:
+    """A tool that fails fatally (the session's fork-server died) ends the episode with the
+    infrastructure's verdict: reward null, never a 0 the policy would be trained on."""
+    import os
+    async with Engine(slots=1) as e, e.episode(spanlib) as ep:
+        await ep.call("run", command="true")
+        assert ep._session is not None
+        ws = ep._session.workspace
+        pool = ws.owner or e.backend.pool  # type: ignore[attr-defined]
+        zygote = pool._slots[ws.slot].proc
+        os.kill(zygote.pid, 9)  # fault injection: the slot holding the episode's files dies
+        obs = await ep.call("run_tests")
+        assert ep.done and obs["ended_by"] == "lost" and "gone" in obs["error"]
+        assert obs["verdict"] == "sandbox_error" and obs["reward"] is None
+        with pytest.raises(EpisodeFinished):
+            await ep.call("submit")
