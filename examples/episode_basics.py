@@ -9,13 +9,12 @@ whole episode that fixes the bug (reward 1) through the trainer-style ToolEnv ad
 import asyncio
 
 from sandloop.engine import Engine
-from sandloop.episodes import episode
 from sandloop.tasks.repo import load_repo_tasks
 
 
 async def main() -> None:
     task = next(t for t in load_repo_tasks("repo-demo") if t.id == "spanlib-touching-intervals")
-    async with Engine(slots=2) as engine, episode(engine, task) as ep:  # task: a RepoTask
+    async with Engine(slots=2) as engine, engine.episode(task) as ep:  # task: a RepoTask
         obs = await ep.call("run_tests")   # read_file, write_file, apply_patch, list_dir, run
         print("run_tests: failed", obs["failed"])
         obs = await ep.call("submit")      # {"reward", "verdict", "tests": {...}}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from sandloop import _extensions
+
 if TYPE_CHECKING:
     from sandloop.engine import Engine, SyncEngine
     from sandloop.sandbox.models import ExecResult, Limits, Program, Status
@@ -38,6 +40,16 @@ _WHERE = {
     "run": "sandloop.sandbox.pool",
     "run_batch": "sandloop.sandbox.pool",
 }
+
+
+def _open_episode(engine: Any, task: Any, config: Any = None, **keywords: Any) -> Any:
+    """``Engine.episode``'s implementation (sandloop._extensions): imported on first use."""
+    from sandloop.episodes import episode
+
+    return episode(engine, task, config, **keywords)
+
+
+_extensions.episode_opener = _open_episode
 
 
 def __getattr__(name: str) -> Any:

@@ -117,6 +117,8 @@ _PLAIN = [
     ["--quiet", "exec", "--language=c", "--time-limit=3", "--memory-mb=128", "--stdin=in.txt",
      "a.py"],
     ["exec", "-l", "", "a.py"],
+    ["exec", "--env", "py-numpy", "a.py"],
+    ["exec", "--env=python", "--json", "a.py"],
 ]
 # Forms it leaves to typer (help, errors, and whatever needs typer's judgement).
 _TYPERS = [

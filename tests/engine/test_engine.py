@@ -42,6 +42,18 @@ async def test_run_and_program_failures_are_results(engine: Engine) -> None:
     assert r.status is Status.TIMEOUT
 
 
+async def test_an_unknown_environment_is_the_callers_error(engine: Engine) -> None:
+    # A request naming an environment that is not built is an input error raised to the
+    # caller: it was a sandbox_error ("backend failed: EnvNotFound"), retried, then scored null.
+    from sandloop.envs import EnvNotFound
+    before = engine.stats.retried
+    with pytest.raises(EnvNotFound, match="no environment 'no-such-env'"):
+        await engine.run(Program(source="print(1)", environment="no-such-env"), FAST)
+    assert engine.stats.retried == before
+    r = await engine.run(Program(source="print(1)"), FAST)  # the engine goes on
+    assert r.status is Status.OK
+
+
 async def test_stream_yields_every_job_once_as_they_finish(engine: Engine) -> None:
     progs = [sleeper(0.4 if i == 0 else 0.0, str(i)) for i in range(12)]
     seen = []

@@ -80,6 +80,35 @@ async def test_the_whole_graph_is_admitted_before_anything_runs() -> None:
         assert e.stats.submitted == 0  # not even the node that would have fitted
 
 
+async def test_a_graphs_nodes_run_at_the_graphs_priority(engine: Engine) -> None:
+    """A high-priority graph overtakes a queued low-priority flood: each of its nodes is
+    admitted at the graph's priority as it becomes ready (two levels deep here)."""
+    import asyncio
+
+    from engine_helpers import until
+    order: list[str] = []
+
+    def sleeper(tag: str) -> Program:
+        return Program(source=f"import time\ntime.sleep(0.15)\nprint({tag!r})")
+
+    async def low(i: int) -> None:
+        r = await engine.run(sleeper(f"l{i}"), FAST, priority="train", client="flood")
+        order.append(r.stdout.strip())
+
+    graph = Graph(nodes=(Node(id="a", limits=FAST, program=sleeper("g-a")),
+                         Node(id="b", limits=FAST, program=sleeper("g-b"), after=("a",))))
+    flood = [asyncio.create_task(low(i)) for i in range(12)]
+    await until(lambda: engine.stats.running == 2 and engine.snapshot().queued == 10,
+                "the slots busy and the rest of the flood queued")
+    result = await engine.run_graph(graph, priority="eval", client="grader")
+    order.append("graph done")
+    await asyncio.gather(*flood)
+    assert result.ok and result["b"].result is not None
+    # Without its priority, the graph would wait behind the 10 queued lows (done last); at
+    # "eval", a then b each take the next free slot: at most 2 + 2 lows finish before it.
+    assert order.index("graph done") <= 4, order
+
+
 async def test_a_journalled_graph_answers_finished_nodes_after_a_restart(tmp_path: Path) -> None:
     db = tmp_path / "j.db"
     nonce = "import os\nopen('data.txt', 'w').write(str(int.from_bytes(os.urandom(2), 'big')))"

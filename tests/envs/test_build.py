@@ -4,6 +4,7 @@ numpy environment from the registry this machine reaches. The trees' interpreter
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -221,3 +222,51 @@ def test_node_environment_from_lockfile(store: EnvStore) -> None:
                        capture_output=True, text=True, timeout=60,
                        env={**CLEAN, "NODE_PATH": str(info.tree / "node" / "node_modules")})
     assert r.stdout == "  x\n", r.stderr
+
+
+@pytest.mark.parametrize("name", ["java", "go", "rust", "typescript"])
+def test_toolchain_builtins_record_the_binaries_they_run(store: EnvStore, name: str) -> None:
+    """The new languages have built-ins like c and bash: no files, but the resolved spec
+    names the package (and version) behind each binary the sandbox runs, so an upgraded host
+    toolchain is another id; results of these languages record it."""
+    import shutil
+
+    from sandloop.envs.build import TOOL_PATH
+    from sandloop.envs.spec import BUILTIN_TOOLS
+    if any(shutil.which(t, path=TOOL_PATH) is None for t in BUILTIN_TOOLS[name]):
+        pytest.skip(f"{name} toolchain not installed")
+    info = store.ensure(name)
+    assert info.builtin and info.files == 0
+    chain = info.resolved["toolchain"]
+    assert len(chain) >= 1 and all(v != "(no package)" for v in chain.values()), chain
+    real = os.path.realpath(shutil.which(BUILTIN_TOOLS[name][0], path=TOOL_PATH) or "")
+    assert real in chain and real in info.source["tools"]
+
+
+def test_a_changed_host_binary_rebuilds_the_builtin_once(store: EnvStore) -> None:
+    """ensure() rebuilds a toolchain built-in whose binaries changed since it was built (here:
+    its record says another mtime, as after a reinstall), and records the new state, so the
+    next ensure() does not rebuild again."""
+    first = store.ensure("bash")
+    env_json = Path(first.path) / "env.json"
+    data = json.loads(env_json.read_text())
+    for stats in data["source"]["tools"].values():
+        stats[1] -= 10**9  # "built when the binary was a second older"
+    os.chmod(env_json, 0o644)
+    env_json.write_text(json.dumps(data))
+    builds: list[str] = []
+    real_build = store._build
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        builds.append(args[0].name)
+        return real_build(*args, **kwargs)
+
+    store._build = counting  # type: ignore[method-assign]
+    try:
+        again = store.ensure("bash")
+        assert builds == ["bash"] and again.id == first.id  # same content: same id
+        assert again.source["tools"] != data["source"]["tools"]  # the record was refreshed
+        store.ensure("bash")
+        assert builds == ["bash"]  # ...so it is not rebuilt again
+    finally:
+        del store._build

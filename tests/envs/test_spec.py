@@ -81,3 +81,14 @@ def test_builtin_python_is_interpreter_only() -> None:
     assert builtin_spec("c").python is None
     with pytest.raises(SpecError, match="built-ins"):
         builtin_spec("cobol")
+
+
+def test_probe_outcomes_that_differ_are_reported() -> None:
+    from sandloop.envs.probes import PROBES, compare
+    probe = PROBES[0]
+    same = compare(probe, [("ok", "a\n")] * 4)
+    assert same.deterministic and same.variants == (("ok", "a\n", 4),)
+    differs = compare(probe, [("ok", "a\n"), ("ok", "b\n"), ("ok", "a\n"), ("timeout", "")])
+    assert not differs.deterministic
+    assert differs.variants[0] == ("ok", "a\n", 2)  # the most frequent first
+    assert {v[:2] for v in differs.variants} == {("ok", "a\n"), ("ok", "b\n"), ("timeout", "")}

@@ -40,6 +40,32 @@ async def test_fixing_policy_earns_1(engine: Engine, spanlib: RepoTask) -> None:
             await ep.call("run_tests")
 
 
+async def test_engine_episode_is_the_same_api(engine: Engine, spanlib: RepoTask) -> None:
+    # The issue's spelling: `async with engine.episode(task) as ep: await ep.call(...)`.
+    async with engine.episode(spanlib, max_turns=3) as ep:
+        assert "spanlib/core.py" in ep.observation["files"]
+        obs = await ep.call("run_tests")
+        assert obs["failed"] >= 1 and not ep.done
+        await ep.call("apply_patch", patch=spanlib.patch)
+        final = await ep.call("submit")
+        assert final["reward"] == 1.0 and ep.turns == 3
+
+
+async def test_engine_episode_loads_episodes_only_when_used() -> None:
+    # The engine may not import episodes (layers); the package root wires the method, and
+    # `import sandloop.engine` does not pay for the episodes layer until one is opened.
+    import subprocess
+    import sys
+    code = ("import sys, sandloop.engine, sandloop.tasks.repo as r\n"
+            "assert 'sandloop.episodes' not in sys.modules\n"
+            "e = sandloop.engine.Engine(slots=1)\n"
+            "cm = e.episode(r.load_repo_tasks('repo-demo')[0], max_turns=2)\n"
+            "assert 'sandloop.episodes' in sys.modules and hasattr(cm, '__aenter__')\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "ok\n", r.stderr
+
+
 async def test_hidden_tests_are_not_visible_before_grading(engine: Engine,
                                                            spanlib: RepoTask) -> None:
     async with episode(engine, spanlib) as ep:
@@ -195,3 +221,21 @@ async def test_time_budget_ends_the_episode_without_running_the_call(
         obs = await ep.call("run", command="echo should-not-run")
         assert obs["ended_by"] == "max_time" and "stdout" not in obs
         assert ep.done and obs["reward"] == 0.0
+
+
+async def test_a_lost_sandbox_ends_the_episode_as_sandbox_error(spanlib: RepoTask) -> None:
+    """A tool that fails fatally (the session's fork-server died) ends the episode with the
+    infrastructure's verdict: reward null, never a 0 the policy would be trained on."""
+    import os
+    async with Engine(slots=1) as e, e.episode(spanlib) as ep:
+        await ep.call("run", command="true")
+        assert ep._session is not None
+        ws = ep._session.workspace
+        pool = ws.owner or e.backend.pool  # type: ignore[attr-defined]
+        zygote = pool._slots[ws.slot].proc
+        os.kill(zygote.pid, 9)  # fault injection: the slot holding the episode's files dies
+        obs = await ep.call("run_tests")
+        assert ep.done and obs["ended_by"] == "lost" and "gone" in obs["error"]
+        assert obs["verdict"] == "sandbox_error" and obs["reward"] is None
+        with pytest.raises(EpisodeFinished):
+            await ep.call("submit")

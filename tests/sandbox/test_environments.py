@@ -77,6 +77,31 @@ async def test_results_record_the_environment(pool: SandboxPool) -> None:
         Program(source="", environment="../etc")
 
 
+HELLO = {
+    "java": 'public class Main { public static void main(String[] a) { '
+            'System.out.println("hi"); } }',
+    "go": 'package main\nimport "fmt"\nfunc main() { fmt.Println("hi") }\n',
+    "rust": 'fn main() { println!("hi"); }\n',
+    "typescript": 'console.log("hi");\n',
+    "c": '#include <stdio.h>\nint main(void) { puts("hi"); return 0; }\n',
+}
+
+
+@pytest.mark.parametrize("lang", list(HELLO))
+async def test_every_language_records_its_builtin_environment(pool: SandboxPool,
+                                                              lang: str) -> None:
+    # Issue 17: "every result records the environment id it ran in". The compiled languages
+    # run the host's toolchain (/usr): their built-in records which one.
+    from sandloop.sandbox.languages import LanguageUnavailable, spec_for
+    try:
+        spec_for(lang).check_available()
+    except LanguageUnavailable as e:  # pragma: no cover - `make` installs the toolchains
+        pytest.skip(str(e))
+    r = await pool.run(Program(language=lang, source=HELLO[lang]), Limits(time_s=10))
+    assert r.status is Status.OK and r.stdout == "hi\n", (r.status, r.stderr, r.compile)
+    assert r.environment is not None and r.environment == EnvStore().get(lang).id
+
+
 async def test_shell_python3_is_the_environments(pool: SandboxPool) -> None:
     src = ("python3 -c 'import sys; print(sys.prefix, hash(\"abc\"))'\n"
            "readlink -f \"$(command -v python3)\"\n"

@@ -104,6 +104,28 @@ async def test_slot_restart_loses_workspace_with_clear_error_injected() -> None:
             await pool.run_in(ws, Program(source="pass"))
 
 
+async def test_slot_dying_under_a_workspace_run_is_workspace_lost_injected() -> None:
+    # Fault injection: the zygote dies while a run of the workspace is in it. The workspace's
+    # files died with it, so the run says so (it returned that run's sandbox_error, and only
+    # the next call found the workspace gone: an episode took the dead run as feedback).
+    async with SandboxPool(1) as pool:
+        ws = await pool.open_workspace()
+        slot = pool._slots[ws.slot]
+        assert slot.proc is not None
+        zygote = slot.proc
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.3)
+            os.kill(zygote.pid, 9)
+
+        killer = asyncio.ensure_future(kill_soon())
+        with pytest.raises(WorkspaceLost, match="failed under it"):
+            await pool.run_in(ws, Program(source="import time\ntime.sleep(5)"), Limits(time_s=10))
+        await killer
+        with pytest.raises(WorkspaceLost):
+            await pool.write_files(ws, {"a": "1"})
+
+
 async def test_sessions_interleaved_on_one_slot_stay_apart() -> None:
     # One slot: every turn of both sessions (and plain runs between them) is served by the
     # slot's prepared children, each binding only its own session's dir.

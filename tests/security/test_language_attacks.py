@@ -155,3 +155,206 @@ func main() {
                                                          compile_time_s=COMPILE_S))
     assert r.status is Status.RUNTIME_ERROR, (r.status, r.stderr[-500:])
     assert "thread" in r.stderr.lower(), json.dumps(r.stderr[-500:])
+
+
+# -- processes, output, disk, the kernel: the rest of the suite's attacks in these languages ---
+
+# Spawn processes (not threads) until refused; report how many and the failure, then exit 0:
+# the pids cgroup must refuse them, and the host audit (conftest) checks that none survives
+# the run (the sleeps are killed with the run's pid namespace).
+PROCESS_BOMBS = {
+    "java": """import java.util.*;
+public class Main { public static void main(String[] a) {
+    List<Process> ps = new ArrayList<>(); String err = null;
+    try { while (ps.size() < 500) ps.add(new ProcessBuilder("/bin/sleep", "30").start()); }
+    catch (Throwable e) { err = e.getClass().getName(); }
+    System.out.println("{\\"made\\":" + ps.size() + ",\\"failed\\":" + (err != null ? 1 : 0) + "}");
+    System.exit(0); } }
+""",
+    "go": """package main
+import ("fmt"; "os"; "os/exec")
+func main() {
+    made, failed := 0, 0
+    for made < 500 {
+        if err := exec.Command("/bin/sleep", "30").Start(); err != nil { failed = 1; break }
+        made++
+    }
+    fmt.Printf("{\\"made\\":%d,\\"failed\\":%d}\\n", made, failed)
+    os.Exit(0)
+}
+""",
+    "rust": """fn main() {
+    let mut kids = Vec::new(); let mut failed = 0;
+    while kids.len() < 500 {
+        match std::process::Command::new("/bin/sleep").arg("30").spawn() {
+            Ok(c) => kids.push(c),
+            Err(_) => { failed = 1; break; }
+        }
+    }
+    println!("{{\\"made\\":{},\\"failed\\":{}}}", kids.len(), failed);
+    std::process::exit(0);
+}
+""",
+    "typescript": """import * as cp from "child_process";
+let made = 0, failed = 0;
+for (let i = 0; i < 200; i++) {
+    try {
+        const c = cp.spawn("/bin/sleep", ["30"], { stdio: "ignore" });
+        c.on("error", () => { failed = 1; });
+        if (c.pid !== undefined) made++; else failed = 1;
+    } catch (e) { failed = 1; break; }
+}
+setTimeout(() => { console.log(JSON.stringify({ made, failed })); process.exit(0); }, 300);
+""",
+}
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_process_bomb_is_held_by_the_pids_limit(sandbox: PoolInfo, lang: str) -> None:
+    _require(lang)
+    r = await attack(sandbox.pool, PROCESS_BOMBS[lang], lang,
+                     lim=limits(time_s=10, memory_mb=256, max_processes=32,
+                                compile_time_s=COMPILE_S))
+    assert r.status is Status.OK, (r.status, r.stderr[-800:], r.compile and r.compile.stderr)
+    seen = report(r)
+    assert seen["failed"] == 1, seen  # refused before 200-500 processes existed
+    assert int(str(seen["made"])) < 32, seen  # the runtime's own threads count too
+
+
+OUTPUT_FLOODS = {
+    "java": """public class Main { public static void main(String[] a) {
+    String line = "PASSED ".repeat(1000);
+    while (true) System.out.println(line); } }
+""",
+    "go": """package main
+import ("os"; "strings")
+func main() {
+    line := []byte(strings.Repeat("PASSED ", 1000) + "\\n")
+    for { os.Stdout.Write(line) }
+}
+""",
+    "rust": """use std::io::Write;
+fn main() {
+    let line = "PASSED ".repeat(1000) + "\\n";
+    let mut out = std::io::stdout();
+    loop { if out.write_all(line.as_bytes()).is_err() { std::process::exit(0); } }
+}
+""",
+    "typescript": """const line = "PASSED ".repeat(1000) + "\\n";
+const flood = () => { while (process.stdout.write(line)) {} process.stdout.once("drain", flood); };
+flood();
+""",
+}
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_output_flood_is_output_limit(sandbox: PoolInfo, lang: str) -> None:
+    _require(lang)
+    lim = limits(time_s=10, memory_mb=256, max_processes=64, stdout_bytes=4096,
+                 stderr_bytes=4096, output_limit_bytes=1 << 20, compile_time_s=COMPILE_S)
+    r = await attack(sandbox.pool, OUTPUT_FLOODS[lang], lang, lim=lim)
+    assert r.status is Status.OUTPUT_LIMIT, (r.status, r.stderr[-300:], r.compile)
+    assert r.wall_time_s < 8.0  # killed at the byte cap, not at the deadline
+    assert len(r.stdout.encode()) <= 4096 and r.stdout_truncated
+
+
+# Write 1 MiB chunks into the work dir until the file system refuses; report what got written.
+DISK_FILLS = {
+    "java": """import java.io.*;
+public class Main { public static void main(String[] a) {
+    long written = 0; int failed = 0; byte[] mb = new byte[1 << 20];
+    try (FileOutputStream f = new FileOutputStream("fill.bin")) {
+        while (written < (64L << 20)) { f.write(mb); f.flush(); written += mb.length; } }
+    catch (IOException e) { failed = 1; }
+    System.out.println("{\\"written\\":" + written + ",\\"failed\\":" + failed + "}"); } }
+""",
+    "go": """package main
+import ("fmt"; "os")
+func main() {
+    written, failed := 0, 0
+    f, err := os.Create("fill.bin")
+    if err != nil { fmt.Println(err); os.Exit(2) }
+    mb := make([]byte, 1<<20)
+    for written < 64<<20 {
+        n, err := f.Write(mb); written += n
+        if err != nil { failed = 1; break }
+    }
+    fmt.Printf("{\\"written\\":%d,\\"failed\\":%d}\\n", written, failed)
+}
+""",
+    "rust": """use std::io::Write;
+fn main() {
+    let mut f = std::fs::File::create("fill.bin").unwrap();
+    let mb = vec![0u8; 1 << 20]; let mut written = 0usize; let mut failed = 0;
+    while written < (64 << 20) {
+        match f.write(&mb) { Ok(n) if n > 0 => written += n, _ => { failed = 1; break; } }
+    }
+    println!("{{\\"written\\":{},\\"failed\\":{}}}", written, failed);
+}
+""",
+    "typescript": """import * as fs from "fs";
+const fd = fs.openSync("fill.bin", "w"); const mb = Buffer.alloc(1 << 20);
+let written = 0, failed = 0;
+try { while (written < (64 << 20)) written += fs.writeSync(fd, mb); } catch (e) { failed = 1; }
+console.log(JSON.stringify({ written, failed }));
+""",
+}
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_disk_fill_is_refused_by_the_work_dir(sandbox: PoolInfo, lang: str) -> None:
+    # The run's work dir is an 8 MiB tmpfs (the artifact itself takes some of it): writes fail
+    # there, as in Python (test_exhaustion.py); the run is the program's, never sandbox_error.
+    _require(lang)
+    r = await attack(sandbox.pool, DISK_FILLS[lang], lang,
+                     lim=limits(time_s=10, memory_mb=256, max_processes=64, workdir_mb=8,
+                                compile_time_s=COMPILE_S))
+    assert r.status is Status.OK, (r.status, r.stderr[-500:], r.compile and r.compile.stderr)
+    seen = report(r)
+    assert seen["failed"] == 1 and int(str(seen["written"])) <= 8 << 20, seen
+
+
+# Raw system calls the seccomp filter denies (EPERM), from the two languages that make them
+# without a C helper: ptrace, unshare of a user namespace, mount.
+SYSCALLS = {
+    "go": """package main
+import ("fmt"; "syscall"; "unsafe")
+func main() {
+    p := func(e syscall.Errno) int { return int(e) }
+    _, _, e1 := syscall.RawSyscall(syscall.SYS_PTRACE, syscall.PTRACE_TRACEME, 0, 0)
+    _, _, e2 := syscall.RawSyscall(syscall.SYS_UNSHARE, syscall.CLONE_NEWUSER, 0, 0)
+    src, _ := syscall.BytePtrFromString("none"); dst, _ := syscall.BytePtrFromString("/tmp")
+    fs, _ := syscall.BytePtrFromString("tmpfs")
+    _, _, e3 := syscall.RawSyscall6(syscall.SYS_MOUNT, uintptr(unsafe.Pointer(src)),
+        uintptr(unsafe.Pointer(dst)), uintptr(unsafe.Pointer(fs)), 0, 0, 0)
+    fmt.Printf("{\\"ptrace\\":%d,\\"unshare\\":%d,\\"mount\\":%d}\\n", p(e1), p(e2), p(e3))
+}
+""",
+    "rust": """extern "C" {
+    fn ptrace(req: i64, pid: i32, addr: *mut u8, data: *mut u8) -> i64;
+    fn unshare(flags: i32) -> i32;
+    fn mount(src: *const u8, dst: *const u8, fs: *const u8, flags: u64, data: *const u8) -> i32;
+}
+fn errno_of(r: i64) -> i32 {
+    if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(-1) }
+}
+fn main() {
+    let e1 = errno_of(unsafe { ptrace(0, 0, std::ptr::null_mut(), std::ptr::null_mut()) });
+    let e2 = errno_of(unsafe { unshare(0x10000000) } as i64);
+    let e3 = errno_of(unsafe { mount(b"none\\0".as_ptr(), b"/tmp\\0".as_ptr(),
+                                     b"tmpfs\\0".as_ptr(), 0, std::ptr::null()) } as i64);
+    println!("{{\\"ptrace\\":{},\\"unshare\\":{},\\"mount\\":{}}}", e1, e2, e3);
+}
+""",
+}
+
+
+@pytest.mark.parametrize("lang", tuple(SYSCALLS))
+async def test_denied_system_calls_from_compiled_code(sandbox: PoolInfo, lang: str) -> None:
+    import errno
+    _require(lang)
+    r = await attack(sandbox.pool, SYSCALLS[lang], lang,
+                     lim=limits(time_s=10, memory_mb=256, max_processes=64,
+                                compile_time_s=COMPILE_S))
+    assert r.status is Status.OK, (r.status, r.stderr[-500:], r.compile and r.compile.stderr)
+    assert report(r) == {"ptrace": errno.EPERM, "unshare": errno.EPERM, "mount": errno.EPERM}

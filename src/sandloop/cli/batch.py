@@ -82,6 +82,32 @@ def _check_budget(line: Line, engine: Engine) -> None:
         line.request = None
 
 
+async def _check_environments(lines: list[Line]) -> None:
+    """Mark lines invalid whose ``environment`` is not built here (a built-in is built now, on
+    first use), before anything runs: a request's unknown environment is that line's error,
+    never a run's sandbox_error."""
+    import asyncio
+
+    from sandloop.envs import EnvStore
+    from sandloop.errors import EnvError
+
+    names = {ln.request.environment for ln in lines
+             if ln.request is not None and ln.request.environment is not None}
+    if not names:
+        return
+    store = EnvStore()
+    problems: dict[str, str] = {}
+    for name in sorted(names):
+        try:
+            await asyncio.to_thread(store.ensure, name)
+        except EnvError as e:
+            problems[name] = str(e)
+    for ln in lines:
+        if ln.request is not None and ln.request.environment in problems:
+            ln.error = f"line {ln.number}: environment: {problems[ln.request.environment]}"
+            ln.request = None
+
+
 def _key(req: ExecRequest) -> ResultKey:
     from sandloop.engine.journal import content_digest
     from sandloop.store import ResultKey
@@ -205,6 +231,7 @@ async def _run_on(lines: list[Line], slots: int | None, isolation: str,
         for ln in lines:
             if ln.request is not None:
                 _check_budget(ln, engine)
+        await _check_environments(lines)
         if strict and any(ln.error for ln in lines):
             return
         todo = [ln for ln in lines if ln.request is not None]

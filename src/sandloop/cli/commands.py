@@ -191,21 +191,24 @@ def exec_(
     source: Annotated[Path, typer.Argument(help="Program file ('-' reads standard input).",
                                            dir_okay=False)],
     language: Annotated[str | None, typer.Option(
-        "--language", "-l", help="python, c, cpp, javascript or bash; default: from the file "
-                                 "extension.")] = None,
+        "--language", "-l", help="python, c, cpp, javascript, bash, java, go, rust or "
+                                 "typescript; default: from the file extension.")] = None,
     time_limit: TimeLimit = 10.0,
     memory_mb: MemoryMb = 512,
     stdin: Annotated[Path | None, typer.Option("--stdin", dir_okay=False,
                                                help="File fed to the program's stdin.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one ExecResult JSON object.")] = False,
     no_isolation: NoIsolation = False,
+    environment: Annotated[str | None, typer.Option(
+        "--env", help="Runtime environment (name or id, `sandloop env ls`); default: the "
+                      "language's built-in.")] = None,
 ) -> None:
     """Run one program in the sandbox. Exit 0: it succeeded; 1: it failed; 3: sandbox_error."""
     from sandloop.cli.exec_one import ExecArgs, exec_command
 
     raise typer.Exit(exec_command(ExecArgs(
         source=source, language=language, time_limit=time_limit, memory_mb=memory_mb,
-        stdin=stdin, as_json=as_json, no_isolation=no_isolation)))
+        stdin=stdin, as_json=as_json, no_isolation=no_isolation, environment=environment)))
 
 
 @app.command("exec-batch")

@@ -179,6 +179,9 @@ def check(
     repeat: Annotated[int, typer.Option("--repeat", "-k", min=1, max=100,
                                         help="Rounds; each runs every probe once per slot.")] = 3,
     slots: Annotated[int | None, typer.Option("--slots", min=1, max=4096, help="Slots; default: cores.")] = None,
+    environment: Annotated[str | None, typer.Option(
+        "--env", help="Environment to probe (name or id); default: the built-in python.")]
+    = None,
     as_json: AsJson = False,
 ) -> None:
     """Run the determinism probe set K times across all slots; report every probe whose
@@ -189,17 +192,21 @@ def check(
     from sandloop.sandbox.pool import SandboxPool
 
     async def go() -> tuple[int, list[list[ExecResult]]]:
-        async with SandboxPool(slots) as pool:
+        async with SandboxPool(slots, environment=environment) as pool:
             programs = [Program(language=p.language, source=p.source) for p in PROBES]
             per_probe: list[list[ExecResult]] = [[] for _ in PROBES]
             for _ in range(repeat):
-                batch = [prog for prog in programs for _ in range(pool.size)]
-                results = await pool.run_batch(batch, Limits(time_s=10))
-                for i, r in enumerate(results):
-                    per_probe[i // pool.size].append(r)
+                # One run after another: the pool hands its slots out in FIFO order, so
+                # pool.size runs in a row visit every slot once (concurrent runs need not).
+                for i, prog in enumerate(programs):
+                    for _slot in range(pool.size):
+                        per_probe[i].append(await pool.run(prog, Limits(time_s=10)))
             return pool.size, per_probe
 
-    n_slots, per_probe = aio.run(go())
+    try:
+        n_slots, per_probe = aio.run(go())
+    except EnvError as e:
+        raise _fail(e) from None
     reports = [compare(p, [(r.status.value, r.stdout + r.stderr + (r.error or ""))
                            for r in rs]) for p, rs in zip(PROBES, per_probe, strict=True)]
     bad = [r for r in reports if not r.deterministic]

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["ExecArgs", "exec_command", "parse_plain"]
 
 EXTENSIONS = {".py": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp",
-              ".js": "javascript", ".mjs": "javascript", ".sh": "bash", ".bash": "bash"}
+              ".js": "javascript", ".mjs": "javascript", ".sh": "bash", ".bash": "bash",
+              ".java": "java", ".go": "go", ".rs": "rust", ".ts": "typescript"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ExecArgs:
     stdin: Path | None = None
     as_json: bool = False
     no_isolation: bool = False
+    environment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Plain:
 _ROOT_FLAGS = {"-q": "quiet", "--quiet": "quiet", "-v": "verbose", "--verbose": "verbose"}
 _FLAGS = {"--json": "as_json", "--no-isolation": "no_isolation"}
 _VALUED = {"--language": "language", "-l": "language", "--time-limit": "time_limit",
-           "--memory-mb": "memory_mb", "--stdin": "stdin"}
+           "--memory-mb": "memory_mb", "--stdin": "stdin", "--env": "environment"}
 # Values in the forms both parsers read alike; anything else is typer's to judge.
 _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
 _MIB = re.compile(r"[1-9][0-9]{0,9}")
@@ -140,6 +142,8 @@ def parse_plain(argv: Sequence[str]) -> Plain | None:
             args = replace(args, stdin=Path(value))
         elif key == "language":
             args = replace(args, language=str(value))
+        elif key == "environment":
+            args = replace(args, environment=str(value))
         elif key == "as_json":
             args = replace(args, as_json=True)
         else:
@@ -219,15 +223,22 @@ def exec_command(args: ExecArgs) -> int:
     from sandloop.sandbox.models import Limits, Program, Status
 
     try:
-        program = Program(language=lang, source=text, stdin=stdin_data)
+        program = Program(language=lang, source=text, stdin=stdin_data,
+                          environment=args.environment)
         limits = Limits(time_s=args.time_limit, memory_mb=args.memory_mb)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(x) for x in d['loc']) or 'request'}: {d['msg']}"
                              for d in e.errors()[:3])
         print_error(f"{args.source}: {problems}")
         return ExitCode.BAD_INPUT
-    result = _run(program, limits, "none" if args.no_isolation else "full",
-                  human=not args.as_json)
+    from sandloop.errors import EnvError, InputError
+
+    try:
+        result = _run(program, limits, "none" if args.no_isolation else "full",
+                      human=not args.as_json)
+    except EnvError as e:  # --env names no environment, or its build failed
+        print_error(str(e))
+        return ExitCode.BAD_INPUT if isinstance(e, InputError) else ExitCode.INFRASTRUCTURE
     if args.as_json:
         print(result.to_json())
     else:

@@ -34,8 +34,9 @@ from collections.abc import (
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from sandloop import _extensions
 from sandloop.engine.backends import Backend, ElasticBackend, LocalBackend, declared_memory_mb
 from sandloop.engine.errors import (
     DeadlineExceeded,
@@ -50,10 +51,14 @@ from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
 from sandloop.engine.session import Session
+from sandloop.errors import InputError
 from sandloop.sandbox.graph import Graph, GraphResult, Node, execute_nodes
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
+
+if TYPE_CHECKING:
+    from sandloop.tasks.repo import RepoTask
 
 logger = logging.getLogger(__name__)
 
@@ -970,6 +975,20 @@ class Engine:
         self.stats.sessions = len(self._sessions)
         return s
 
+    def episode(self, task: RepoTask, config: Any = None, *, log: Any = None,
+                **overrides: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``async with engine.episode(task) as ep: obs = await ep.call("run_tests")`` — a
+        multi-turn, tool-using episode over a repository task (``sandloop.episodes.episode``:
+        reset on entry, ``ep.observation``; closed on exit). ``config`` is an
+        ``EpisodeConfig``; keyword ``overrides`` replace its fields (``max_turns=5``); ``log``
+        an ``EpisodeLog`` to record it. Episodes sit above the engine in the layer table, so
+        the package root provides this (sandloop/_extensions.py)."""
+        opener = _extensions.episode_opener
+        assert opener is not None, "set by sandloop/__init__.py, which runs first"
+        cm: contextlib.AbstractAsyncContextManager[Any] = opener(self, task, config, log=log,
+                                                                 **overrides)
+        return cm
+
     @contextlib.asynccontextmanager
     async def session(self, *, language: str = "python", limits: Limits | None = None,
                       ttl_s: float | None = None, idle_timeout_s: float | None = None,
@@ -1079,6 +1098,11 @@ class Engine:
             # Withdrawn while running (or the engine is closing): the sandbox layer has killed
             # the run; its journal entry stays unfinished, so resume() would run it again.
             result = None
+        except InputError as e:
+            # The request's own fault (it names an environment that does not exist): raised to
+            # its caller, never a sandbox_error (which would be retried, then scored null).
+            lost = e
+            result = ExecResult.sandbox_error(str(e))  # not delivered: _fail below
         except Exception as e:  # a backend bug or crash is an infrastructure failure
             # The result says what failed; the traceback (where) is for the operator.
             logger.debug("backend failed on job %s", job.id, exc_info=True)

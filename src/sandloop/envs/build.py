@@ -334,6 +334,50 @@ def resolve_system(packages: tuple[str, ...], strict: bool) -> dict[str, str]:
     return out
 
 
+# Where the sandbox finds a language's binaries (sandbox/languages.py HOST_PATH): not the
+# caller's PATH, which may name a rustup shim in a home directory the sandbox never sees.
+TOOL_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def tool_stats(tools: tuple[str, ...]) -> dict[str, list[int]]:
+    """The real file behind each of ``tools`` on :data:`TOOL_PATH`, with its size and mtime
+    (what ``EnvStore.ensure`` compares to notice a host upgrade). Missing tools are left out."""
+    out: dict[str, list[int]] = {}
+    for t in tools:
+        found = shutil.which(t, path=TOOL_PATH)
+        if found is None:
+            continue
+        real = os.path.realpath(found)
+        st = os.stat(real)
+        out[real] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def tool_packages(paths: list[str]) -> dict[str, str]:
+    """The distribution package owning each binary, with its installed version (dpkg):
+    ``{"/usr/lib/jvm/.../javac": "openjdk-17-jdk-headless 17.0.x"}``. A binary no package
+    owns (built by hand) is recorded as such; not a Debian host: nothing."""
+    dpkg = shutil.which("dpkg-query")
+    if dpkg is None:
+        return {}
+    out: dict[str, str] = {}
+    for real in paths:
+        # dpkg knows merged-/usr files by their old name too (/bin/bash), so try both.
+        pkg = ""
+        for cand in (real, real.removeprefix("/usr")):
+            r = subprocess.run([dpkg, "-S", cand], capture_output=True, text=True, timeout=60)
+            if r.returncode == 0 and ":" in r.stdout:
+                pkg = r.stdout.split(":", 1)[0].split(",")[0].strip()
+                break
+        if not pkg:
+            out[real] = "(no package)"
+            continue
+        v = subprocess.run([dpkg, "-W", "-f", "${Version}", pkg], capture_output=True,
+                           text=True, timeout=60)
+        out[real] = f"{pkg} {v.stdout.strip()}" if v.returncode == 0 else pkg
+    return out
+
+
 def host_os() -> str:
     """``ID VERSION_ID`` from /etc/os-release (part of a resolved spec)."""
     try:
@@ -361,9 +405,11 @@ def seal(tree: Path) -> None:
     os.chmod(tree, 0o555)
 
 
-def build_tree(spec: EnvSpec, work: Path, log: Log, *, builtin: bool = False) -> BuildResult:
+def build_tree(spec: EnvSpec, work: Path, log: Log, *, builtin: bool = False,
+               tools: tuple[str, ...] = ()) -> BuildResult:
     """Build ``spec`` into ``work/tree`` and return it with its resolved spec and manifest.
-    ``work`` is a fresh directory the caller owns (and removes on failure)."""
+    ``work`` is a fresh directory the caller owns (and removes on failure). ``tools``: the
+    host binaries a toolchain built-in runs (recorded with their packages, and watched)."""
     tree = work / "tree"
     tree.mkdir(mode=0o755)
     timings: dict[str, float] = {}
@@ -418,6 +464,10 @@ def build_tree(spec: EnvSpec, work: Path, log: Log, *, builtin: bool = False) ->
         p.write_text(content, encoding="utf-8")
         os.chmod(p, 0o644)
     resolved["system"] = resolve_system(spec.system.packages, strict=not builtin)
+    if tools:
+        stats = tool_stats(tools)
+        resolved["toolchain"] = tool_packages(sorted(stats))
+        source["tools"] = stats
     t = time.monotonic()
     seal(tree)
     text = manifest.render(manifest.scan(tree))

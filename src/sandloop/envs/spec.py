@@ -295,7 +295,8 @@ def load_spec(path: str | Path) -> EnvSpec:
     return parse_spec(data, p.parent)
 
 
-BUILTIN_LANGUAGES = ("python", "c", "cpp", "javascript", "bash")
+BUILTIN_LANGUAGES = ("python", "c", "cpp", "javascript", "bash", "java", "go", "rust",
+                     "typescript")
 # Built-ins beyond the languages': python-pytest is the interpreter with pytest, which grading
 # a repository task (episodes) imports in the sandbox. Its pins are pytest's dependencies, exact.
 PYTEST_PINS = ("pytest==9.2.0", "iniconfig==2.3.1", "packaging==26.4", "pluggy==1.7.0",
@@ -314,13 +315,28 @@ def builtin_spec(name: str) -> EnvSpec:
         return EnvSpec(name=name, description="the host interpreter, its standard library and "
                        "pytest (repository tasks' grading)",
                        python=PythonSpec(packages=tuple(Pin.parse(p) for p in PYTEST_PINS)))
-    system = {"c": ("gcc", "libc6-dev"), "cpp": ("g++", "libstdc++6"), "javascript": ("nodejs",),
-              "bash": ("bash", "coreutils")}
-    if name not in system:
+    if name not in _BUILTIN_SYSTEM:
         raise SpecError(f"no built-in environment {name!r}; built-ins: "
                         f"{', '.join(BUILTIN_ENVIRONMENTS)}")
     return EnvSpec(name=name, description=f"the host's {name} toolchain",
-                   system=SystemSpec(packages=system[name]))
+                   system=SystemSpec(packages=_BUILTIN_SYSTEM[name]))
+
+
+# The host distribution packages of each toolchain built-in (their versions are part of the
+# resolved spec), and the binaries a run of the language executes (sandbox/languages.py uses
+# the same names). Which package really provides each binary, and its version, is recorded
+# too (a meta package such as default-jdk-headless keeps its version across OpenJDK updates),
+# and the binaries' size and mtime tell ``EnvStore.ensure`` to rebuild after a host upgrade.
+_BUILTIN_SYSTEM: dict[str, tuple[str, ...]] = {
+    "c": ("gcc", "libc6-dev"), "cpp": ("g++", "libstdc++6"), "javascript": ("nodejs",),
+    "bash": ("bash", "coreutils"), "java": ("default-jdk-headless",), "go": ("golang-go",),
+    "rust": ("rustc",), "typescript": ("node-typescript", "nodejs"),
+}
+BUILTIN_TOOLS: dict[str, tuple[str, ...]] = {
+    "c": ("gcc",), "cpp": ("g++",), "javascript": ("node",), "bash": ("bash",),
+    "java": ("javac", "java", "jar"), "go": ("go",), "rust": ("rustc", "cc"),
+    "typescript": ("tsc", "node"),
+}
 
 
 def host_python_version() -> str:

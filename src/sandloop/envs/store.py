@@ -32,10 +32,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandloop.envs import manifest
-from sandloop.envs.build import build_tree, default_interpreter
+from sandloop.envs.build import build_tree, default_interpreter, tool_stats
 from sandloop.envs.environment import MOUNT_POINT, NODE_DIR, PYTHON_DIR, Environment
 from sandloop.envs.errors import EnvBuildError, EnvNotFound
-from sandloop.envs.spec import BUILTIN_ENVIRONMENTS, Determinism, EnvSpec, builtin_spec
+from sandloop.envs.spec import (
+    BUILTIN_ENVIRONMENTS,
+    BUILTIN_TOOLS,
+    Determinism,
+    EnvSpec,
+    builtin_spec,
+)
 
 DEFAULT_DIR = "/var/lib/sandloop/envs"
 FORMAT = 1
@@ -175,7 +181,7 @@ class EnvStore:
                               "characters")
         info = self._read_info(self.root / ids[0]) if ids else None
         if info is None:
-            hint = (" (built-in: `sandloop env build --builtin " + ref + "`)"
+            hint = (" (built-in: `sandloop env build " + ref + "`, or built on first use)"
                     if ref in BUILTIN_ENVIRONMENTS else "")
             raise EnvNotFound(f"no environment {ref!r} in {self.root}; `sandloop env ls` "
                               f"lists them, `sandloop env build SPEC` makes one{hint}")
@@ -194,7 +200,8 @@ class EnvStore:
         say = log or (lambda _msg: None)
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
         try:
-            res = build_tree(spec, work, say, builtin=builtin)
+            res = build_tree(spec, work, say, builtin=builtin,
+                             tools=BUILTIN_TOOLS.get(spec.name, ()) if builtin else ())
             env_id = compute_id(res.resolved, res.manifest_text)
             entries = manifest.parse(res.manifest_text)
             info = EnvInfo(
@@ -213,6 +220,13 @@ class EnvStore:
             final = self.root / env_id
             with contextlib.nullcontext() if locked else self._lock():
                 if final.exists():
+                    # The same content again (same id): keep the tree. A built-in's record
+                    # then says where it was made from now: without this, a built-in whose
+                    # source only changed its mtime (a reinstall) kept its old record and
+                    # was rebuilt on every first use. ``source`` is not part of the id.
+                    if builtin:
+                        os.replace(work / "env.json", final / ".env.json.new")
+                        os.replace(final / ".env.json.new", final / "env.json")
                     _remove_tree(work)
                 else:
                     os.rename(work, final)
@@ -270,17 +284,24 @@ class EnvStore:
             return self.get(name)
         with contextlib.suppress(EnvNotFound):
             info = self.get(name)
-            if _source_unchanged(info.source):
+            if _source_unchanged(info):
                 return info
         with self._lock():  # one process builds; the others wait and then find it
             with contextlib.suppress(EnvNotFound):
                 info = self.get(name)
-                if _source_unchanged(info.source):
+                if _source_unchanged(info):
                     return info
             return self._build(builtin_spec(name), builtin=True, log=log, locked=True)
 
 
-def _source_unchanged(source: dict[str, Any]) -> bool:
+def _source_unchanged(info: EnvInfo) -> bool:
+    """Whether what a built-in was made from is still what the host has: the interpreter it
+    copied, or its toolchain's binaries, found again by name (an upgraded gcc, or the JDK
+    that /usr/bin/javac now points to, is another build and id)."""
+    source = info.source
+    tools = BUILTIN_TOOLS.get(info.name)
+    if tools is not None:
+        return bool(tool_stats(tools) == source.get("tools"))
     exe = source.get("interpreter")
     if not exe:
         return True

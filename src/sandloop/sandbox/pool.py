@@ -643,7 +643,13 @@ class SandboxPool:
         try:
             self._check_alive(ws, acquired)
             env_id = self.environment.id if self.environment is not None else None
-            return await self._run_on(acquired, program, limits, work=ws.id, env_id=env_id)
+            r = await self._run_on(acquired, program, limits, work=ws.id, env_id=env_id)
+            if r.status is Status.SANDBOX_ERROR and acquired.broken:
+                # The zygote died while the run was in it (it could not report the exit).
+                raise _lost(ws, SlotBroken(r.error or "the slot broke under the run"))
+            return r
+        except SlotBroken as e:
+            raise _lost(ws, e) from e
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
 
@@ -723,6 +729,8 @@ class SandboxPool:
                         "larger limits")
                 raise WorkspaceWriteError(f"cannot write into the workspace: {o.files_error}")
             return classify(o, cpu_limit_s=limits.cpu_limit_s, isolation="full")
+        except SlotBroken as e:
+            raise _lost(ws, e) from e
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
 
@@ -779,6 +787,13 @@ class SandboxPool:
         if compile_result is not None:
             result = result.model_copy(update={"compile": compile_result})
         return result
+
+
+def _lost(ws: Workspace, e: SlotBroken) -> WorkspaceLost:
+    """The fork-server holding ``ws`` died under one of its operations: its files died with it.
+    Said at once (WorkspaceLost), not as that run's sandbox_error: the session's next call
+    would only then find it gone, and an episode took the dead slot's result as feedback."""
+    return WorkspaceLost(f"workspace {ws.id} was lost: its sandbox slot failed under it ({e})")
 
 
 UID_RANGE_STRIDE = 256

@@ -271,8 +271,9 @@ class Zygote:
         for src, target in self.mounts:
             dst = os.path.join(r, target.lstrip("/"))
             os.makedirs(dst, exist_ok=True)
-            mount(src, dst, None, MS_BIND | MS_REC)
-            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            if not self._mount_unnamed(src, dst):
+                mount(src, dst, None, MS_BIND | MS_REC)
+                mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         for dev in ("null", "zero", "full", "random", "urandom"):
             dst = os.path.join(r, "dev", dev)
             open(dst, "wb").close()
@@ -295,6 +296,34 @@ class Zygote:
             f.write(f"root:x:0:\nsandbox:x:{self.gid}:\nnogroup:x:65534:\n")
         with open(os.path.join(etc, "hosts"), "w") as f:
             f.write("127.0.0.1 localhost sandbox\n::1 localhost\n")
+
+    def _mount_unnamed(self, src: str, dst: str) -> bool:
+        """Mount the directory ``src`` read-only at ``dst`` so that the mount table names no
+        host path; False where the kernel cannot (then the caller binds it).
+
+        Threat: a bind mount's line in /proc/self/mountinfo shows its source as a path of the
+        host's file system (/var/lib/sandloop/envs/<id>/tree), which every program can read.
+        A read-only overlay is a file system of its own (its root field is "/"), and its
+        options show its lower layers as given: here /proc/self/fd/N of descriptors that only
+        this process held while mounting. Two lower layers, no upper: the kernel refuses a
+        single one; the second is an empty directory of the zygote's private tmpfs. Read-only
+        and without an upper layer, nothing can be copied up or written."""
+        empty = os.path.join(self.base, "empty")  # shared by every such mount: read-only
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(empty, 0o755)
+        fds = []
+        try:
+            fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) for d in (src, empty)]
+            opts = f"lowerdir=/proc/self/fd/{fds[0]}:/proc/self/fd/{fds[1]}".encode()
+            # Not 0: ENODEV (no overlayfs), EINVAL/EPERM (a kernel or a file system that
+            # refuses): the caller binds it, as before.
+            return bool(libc.mount(b"overlay", dst.encode(), b"overlay",
+                                   MS_RDONLY | MS_NOSUID | MS_NODEV, opts) == 0)
+        except OSError:
+            return False
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     # -- persistent work dirs (sessions) ------------------------------------------------------
     def work_path(self, work: str) -> str:
