@@ -62,8 +62,11 @@ def _load(tasks: str, fmt: str | None) -> list[Task]:
         raise _BadInput(str(e)) from None
 
 
-def _grades_path(tasks: str) -> Path:
+def _grades_path(tasks: str) -> Path | None:
+    """The grades file next to a task file (None for a name no file has: the loader says why)."""
     p = Path(_resolve(tasks))
+    if not p.name:
+        return None
     return p.with_name(p.name.split(".")[0] + ".grades.json")
 
 
@@ -71,7 +74,7 @@ def _load_grades(tasks: str, path: Path | None) -> dict[str, Difficulty] | None:
     from sandloop.curation.difficulty import Difficulty
 
     p = path or _grades_path(tasks)
-    if not p.is_file():
+    if p is None or not p.is_file():
         if path is not None:
             raise _BadInput(f"{path}: no such grades file; make one with `sandloop tasks grade`")
         return None
@@ -616,13 +619,15 @@ def grade(
         graded = grade_rewards(rewards)
         data = {"schema": "sandloop.grades/v1", "set_version": set_version(ts),
                 "tasks": {k: v.model_dump() for k, v in graded.items()}}
-        path = out or _grades_path(tasks)
-        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        dest = out or _grades_path(tasks)
+        if dest is None:
+            raise _BadInput(f"{tasks!r}: no file to put the grades next to; name one with --out")
+        dest.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         if as_json:
             print(json.dumps(data))
         else:
             tiers = Counter(v.tier for v in graded.values())
-            Console().print(f"graded {len(graded)} tasks -> {path}: "
+            Console().print(f"graded {len(graded)} tasks -> {dest}: "
                             + ", ".join(f"{t} {tiers[t]}" for t in
                                         ("saturated", "easy", "medium", "hard", "unsolved")))
         return 0

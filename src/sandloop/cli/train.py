@@ -27,10 +27,11 @@ def train(
     reward: Annotated[str, typer.Option("--reward", help="proper (hidden tests) | weak (exit code 0 only: the hack demonstration).")] = "proper",
     partial_credit: Annotated[bool, typer.Option("--partial-credit", help="Reward the share of tests passed instead of all-or-nothing.")] = False,
     compile_error_reward: Annotated[float, typer.Option("--compile-error-reward", help="Reward of a completion that does not compile (e.g. -0.5).")] = 0.0,
-    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", min=1, help="Tasks per step.")] = 16,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", min=1, help="Tasks per step.")] = 32,
     num_generations: Annotated[int, typer.Option("--num-generations", min=2, help="Completions per task (the GRPO group).")] = 8,
     learning_rate: Annotated[float, typer.Option("--lr", help="GRPO learning rate.")] = 7e-4,
-    sft_steps: Annotated[int, typer.Option("--sft-steps", help="Warm-up steps of --model tiny.")] = 200,
+    sft_steps: Annotated[int, typer.Option("--sft-steps", min=0, help="Most warm-up steps of --model tiny.")] = 400,
+    sft_target: Annotated[float | None, typer.Option("--sft-target", min=0.0, max=1.0, help="Stop the tiny model's warm-up once it passes this share of a probe of training tasks (checked every 20 steps); --sft-target 1 runs all --sft-steps.")] = 0.15,
     temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature, in training and eval.")] = 1.5,
     eval_samples: Annotated[int, typer.Option("--eval-samples", min=1, help="Samples per eval task (pass@1 estimate).")] = 4,
     shuffle_rewards: Annotated[bool, typer.Option("--shuffle-rewards", help="Control run: shuffle rewards within each batch.")] = False,
@@ -52,7 +53,8 @@ def train(
                       reward=reward,  # type: ignore[arg-type]
                       partial_credit=partial_credit, compile_error_reward=compile_error_reward,
                       prompts_per_step=prompts_per_step, num_generations=num_generations,
-                      learning_rate=learning_rate, sft_steps=sft_steps, temperature=temperature,
+                      learning_rate=learning_rate, sft_steps=sft_steps, sft_target=sft_target,
+                      temperature=temperature,
                       eval_samples=eval_samples, shuffle_rewards=shuffle_rewards, slots=slots,
                       server_url=server or os.environ.get("SANDLOOP_URL") or None,
                       run_id=run_id)

@@ -9,7 +9,7 @@ loads like any Hugging Face tokenizer and TRL uses it unchanged.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -57,10 +57,14 @@ def prompt_text(prompt: str) -> str:
 
 
 def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str, int]], *,
-               steps: int, seed: int, lr: float = 3e-3, batch_size: int = 32) -> list[float]:
+               steps: int, seed: int, lr: float = 3e-3, batch_size: int = 32,
+               check_every: int = 0, done: Callable[[int], bool] | None = None) -> list[float]:
     """Teacher-forced training on (prompt, completion, stratum) triples, loss on the completion
     and its ``<eos>`` only; each example's stratum (a tier) is drawn uniformly first, so a large
-    tier does not crowd out a small one. Returns the loss of each step. Deterministic."""
+    tier does not crowd out a small one. Returns the loss of each step. Deterministic.
+
+    With ``done``, every ``check_every`` steps ``done(steps so far)`` is asked (the model in eval
+    mode) whether the warm-up may stop there; ``steps`` is then the most it runs."""
     if steps <= 0 or not pairs:
         return []
     rng = random.Random(seed)
@@ -92,5 +96,10 @@ def sft_warmup(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str, int]]
         out.loss.backward()
         opt.step()
         losses.append(float(out.loss.detach()))
+        if done is not None and check_every > 0 and len(losses) % check_every == 0:
+            model.eval()
+            if done(len(losses)):
+                break
+            model.train()
     model.eval()
     return losses
