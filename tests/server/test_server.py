@@ -69,6 +69,10 @@ def test_bad_input_is_a_clear_4xx(server: LiveServer) -> None:
         assert r.status_code == 400 and "relative" in r.json()["error"]
         r = c.post("/v1/score", json={"items": [{"task": "nope/1", "completion": "x"}]})
         assert r.status_code == 400 and "items[0]" in r.json()["error"]
+        # An environment that does not exist is the request's fault: answered at once, never
+        # retried three times into a sandbox_error (issue 23's "no request yields sandbox_error").
+        r = c.post("/v1/run", json={"source": "print(1)", "environment": "nope-env"})
+        assert r.status_code == 400 and r.json()["code"] == "unknown_environment", r.text
         big = "x" * (server.config.max_body_bytes + 10)
         r = c.post("/v1/run", json={"source": big})
         assert r.status_code == 413
