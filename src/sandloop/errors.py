@@ -37,7 +37,7 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError,
     │                                    SetupFailed
     ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError,
-    │                                    AdapterSettingError (InputError)
+    │                                    AdapterSettingError (InputError), RemoteEpisodeError
     └── ServerError                      the service: KeysFileError (InputError), UsageLedgerError,
                                          SFRequestError (InputError), RequestError (InputError),
                                          ConfigError (InputError: serve's settings)

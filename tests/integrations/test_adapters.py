@@ -54,15 +54,17 @@ def test_scorer_runs_a_repeated_completion_once_within_and_across_calls() -> Non
         batch = [ScoreItem(label=IO, completion=c) for c in (SUM, "print(0)", SUM, SUM)]
         first = scorer.score(batch, step=0)
         assert [r.reward for r in first] == [1.0, 0.0, 1.0, 1.0]
-        assert scorer.runs == 2  # one run per distinct completion of the batch
+        # One verification per distinct completion of the batch; a Python stdio task of up to
+        # PLAIN_STDIO_MAX_TESTS tests runs each of its 2 tests as a plain program: 2 x 2 runs.
+        assert scorer.runs == 4
         again = scorer.score([ScoreItem(label=IO, completion="print(0)"),
                               ScoreItem(label=IO, completion=SUM, completion_id="x")], step=1)
-        assert scorer.runs == 2  # both answered by the cache
+        assert scorer.runs == 4  # both answered by the cache
         assert [r.reward for r in again] == [0.0, 1.0] and again[1].completion_id == "x"
     with Scorer(slots=2, cache_size=0) as scorer:
         scorer.score(batch[:2])
         scorer.score(batch[:2])
-        assert scorer.runs == 4  # no cache: the second call runs again
+        assert scorer.runs == 8  # no cache: the second call runs again
 
 
 def test_verl_and_openrlhf_via_server(server: LiveServer, monkeypatch: Any) -> None:

@@ -519,8 +519,10 @@ class ClusterBackend:
             if node.running > 0:
                 still.append(node)
             else:
-                with contextlib.suppress(Exception):
+                try:
                     await node.client.close()
+                except Exception as e:  # the node is gone already: nothing to release there
+                    log.debug("closing retired node %s: %s: %s", node.info.node_id, type(e).__name__, e)
         self._retiring = still
         for nid in list(self._refused):
             if nid not in alive:

@@ -382,10 +382,16 @@ class _RayNodeClient:
         await self._call("close_workspace", workspace)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
+        # Best effort on a node that may be dead: a failure is logged, never raised, so one lost
+        # node cannot stop the engine's close from releasing the others.
+        try:
             await asyncio.wait_for(self._call("close"), 10.0)
-        with contextlib.suppress(Exception):
+        except Exception as e:
+            log.debug("closing the node actor: %s: %s", type(e).__name__, e)
+        try:
             self._ray.kill(self._actor)
+        except Exception as e:
+            log.debug("killing the node actor: %s: %s", type(e).__name__, e)
 
 
 class RayNodes:
