@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -123,3 +124,34 @@ async def test_stdio_and_no_reference_tasks(engine: Engine) -> None:
     # An empty expected output: printing nothing passes it.
     assert r.codes == {"trivial_pass"}
     assert any("no reference_solution" in s for s in r.skipped)
+
+
+async def test_probes_that_differ_flag_the_environments_tasks_injected_hash_seeds(
+        engine: Engine) -> None:
+    """Fault injected: each probe run gets a hash seed of its own, as slots whose interpreters
+    are not pinned would; the honest runner's probes agree and flag nothing."""
+    from itertools import count
+
+    from sandloop.envs.probes import PROBES
+
+    python_probes = {p.source for p in PROBES if p.language == "python"}
+    seeds = count(1)
+    honest = engine.runner(client="test")
+
+    async def unpinned(program: Program, limits: Limits) -> Any:
+        if program.source in python_probes:
+            return await seeded_runner(honest, next(seeds))(program, limits)
+        return await honest(program, limits)
+
+    tasks = [t for t in load_tasks(DEMO) if t.id in ("demo/add", "demo/sum_io")]
+    cfg = ValidateConfig(checks=frozenset({ProblemCode.NONDETERMINISTIC}), env_repeat=2)
+    bad = await validate_tasks(tasks, unpinned, config=cfg, slots=2)
+    assert {"set_order", "str_hash"} <= set(bad.environments[""])
+    assert "shell_python" not in bad.environments[""]  # bash probes ran honestly
+    assert bad.probe_runs == 2 * 2 * len(PROBES)
+    for r in bad.reports:
+        assert r.codes == {"nondeterministic"}, r
+        assert "probe set_order" in r.problems[0].detail
+    good = await validate_tasks(tasks, honest, config=cfg, slots=2)
+    assert good.environments == {"": []}
+    assert all(r.problems == [] for r in good.reports), good.reports

@@ -104,9 +104,11 @@ async def test_a_graphs_nodes_run_at_the_graphs_priority(engine: Engine) -> None
     order.append("graph done")
     await asyncio.gather(*flood)
     assert result.ok and result["b"].result is not None
-    # Without its priority, the graph would wait behind the 10 queued lows (done last); at
-    # "eval", a then b each take the next free slot: at most 2 + 2 lows finish before it.
-    assert order.index("graph done") <= 4, order
+    # Without its priority, the graph would wait behind the 10 queued lows (done last, index
+    # 12); at "eval", a then b each take the next free slot: 2 + 2 lows finish before it on a
+    # quiet machine. b becomes ready only once a's result is back, so the slot a frees can go
+    # to a queued low first; under load (CI running beside other tests) that cost 2 more.
+    assert order.index("graph done") <= 6, order
 
 
 async def test_a_journalled_graph_answers_finished_nodes_after_a_restart(tmp_path: Path) -> None:

@@ -130,8 +130,15 @@ async def test_looping_policy_is_stopped_by_the_turn_budget(engine: Engine,
 async def test_fork_bomb_is_an_observation_and_the_episode_goes_on(
         engine: Engine, spanlib: RepoTask) -> None:
     async with episode(engine, spanlib) as ep:
+        # The classic bomb backgrounds itself, so its shell exits 0 at once ("ok" is the
+        # truth about that command); what matters is that none of it outlives the command.
         bomb = await ep.call("run", command=":(){ :|:& };:")
-        assert not ep.done and bomb["status"] in ("runtime_error", "timeout", "ok")
+        assert not ep.done and bomb["exit_code"] is not None
+        left = await ep.call("run", command="sleep 0.5; ls /proc | grep -c '^[0-9][0-9]*$'")
+        assert left["status"] == "ok" and int(left["stdout"]) <= 4, left
+        # In the foreground it hits the pids limit or the time limit: never "ok".
+        held = await ep.call("run", command=":(){ :|:; };:")
+        assert not ep.done and held["status"] in ("runtime_error", "timeout"), held
         await ep.call("apply_patch", patch=spanlib.patch)
         final = await ep.call("submit")
         assert final["reward"] == 1.0

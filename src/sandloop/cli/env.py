@@ -187,28 +187,26 @@ def check(
     """Run the determinism probe set K times across all slots; report every probe whose
     outcome (status, output) differs. Exit 1 if any does."""
     from sandloop import _aio as aio
-    from sandloop.envs.probes import PROBES, compare
-    from sandloop.sandbox.models import ExecResult, Limits, Program
+    from sandloop.envs.probes import PROBES, Probe, ProbeReport, check_determinism
+    from sandloop.sandbox.models import Limits, Program
     from sandloop.sandbox.pool import SandboxPool
 
-    async def go() -> tuple[int, list[list[ExecResult]]]:
+    async def go() -> tuple[int, list[ProbeReport]]:
         async with SandboxPool(slots, environment=environment) as pool:
-            programs = [Program(language=p.language, source=p.source) for p in PROBES]
-            per_probe: list[list[ExecResult]] = [[] for _ in PROBES]
-            for _ in range(repeat):
-                # One run after another: the pool hands its slots out in FIFO order, so
-                # pool.size runs in a row visit every slot once (concurrent runs need not).
-                for i, prog in enumerate(programs):
-                    for _slot in range(pool.size):
-                        per_probe[i].append(await pool.run(prog, Limits(time_s=10)))
-            return pool.size, per_probe
+            programs = {p.name: Program(language=p.language, source=p.source) for p in PROBES}
+
+            async def one(probe: Probe) -> tuple[str, str]:
+                r = await pool.run(programs[probe.name], Limits(time_s=10))
+                return r.status.value, r.stdout + r.stderr + (r.error or "")
+
+            # Sequential: the pool hands its slots out in FIFO order, so pool.size runs in a
+            # row visit every slot once (concurrent runs need not).
+            return pool.size, await check_determinism(one, repeat=repeat, width=pool.size)
 
     try:
-        n_slots, per_probe = aio.run(go())
+        n_slots, reports = aio.run(go())
     except EnvError as e:
         raise _fail(e) from None
-    reports = [compare(p, [(r.status.value, r.stdout + r.stderr + (r.error or ""))
-                           for r in rs]) for p, rs in zip(PROBES, per_probe, strict=True)]
     bad = [r for r in reports if not r.deterministic]
     if as_json:
         for r in reports:

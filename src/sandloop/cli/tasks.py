@@ -232,7 +232,8 @@ def _validate(task_list: list[Task], against: Sequence[Task], cfg: Any, db: Path
                     task_list, engine.runner(priority="background", client="curation"),
                     config=cfg, against=against, store=store,
                     concurrency=4 * engine.backend.slots,
-                    on_result=lambda: bar.advance(job), on_phase=phase)
+                    on_result=lambda: bar.advance(job), on_phase=phase,
+                    slots=engine.backend.slots)
 
     try:
         result = aio.run(run())
@@ -275,8 +276,12 @@ def _print_validation(res: ValidationRun, title: str) -> None:
     out.print(f"[bold]{len(res.reports)} tasks[/]: keep {verdicts['keep']}, review "
               f"{verdicts['review']}, reject {verdicts['reject']}")
     out.print("problems: " + (", ".join(f"{c} {n}" for c, n in codes.most_common()) or "none"))
-    out.print(f"{res.runs} sandbox runs, {res.cached} results reused from the store, "
-              f"{res.mutants} mutants, {res.elapsed_s:.1f} s")
+    for env, differ in res.environments.items():
+        name = env or "built-in environments"
+        out.print(f"{name}: " + (f"[red]probes differ[/]: {', '.join(differ)}" if differ
+                                 else "determinism probes agree"))
+    out.print(f"{res.runs} sandbox runs (+{res.probe_runs} probe runs), {res.cached} results "
+              f"reused from the store, {res.mutants} mutants, {res.elapsed_s:.1f} s")
 
 
 def _severity(specs: Sequence[str] | None) -> dict[str, str]:
@@ -320,6 +325,9 @@ Against = Annotated[list[str] | None, typer.Option(
     "--against", help="Another task set: duplicates of it and eval tasks sharing n-grams with it "
                       "are flagged (repeatable).")]
 Repeat = Annotated[int, typer.Option("--repeat", help="Reference runs for the flaky check.")]
+EnvRepeat = Annotated[int, typer.Option(
+    "--env-repeat", help="Rounds of `sandloop env check`'s probes over the slots, in each "
+                         "environment the tasks use (nondeterministic).")]
 MaxMutants = Annotated[int, typer.Option("--max-mutants", help="Mutants per task (0: none).")]
 MinScore = Annotated[float, typer.Option("--min-mutation-score",
                                          help="weak_tests below this share of mutants killed.")]
@@ -360,6 +368,7 @@ def validate(
     tasks: TasksArg,
     against: Against = None,
     repeat: Repeat = 5,
+    env_repeat: EnvRepeat = 3,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per task.")] = False,
     report: Annotated[Path | None, typer.Option("--report", help="Write an HTML quality report.")]
     = None,
@@ -401,7 +410,7 @@ def validate(
             res = _validate_repo(tasks, against, check, slots, no_isolation)
         else:
             cfg = _config(
-                hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat,
+                hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat, env_repeat=env_repeat,
                 max_mutants=max_mutants, min_mutants=min_mutants,
                 min_mutation_score=min_mutation_score, mutant_time_factor=mutant_time_factor,
                 mutant_min_time_s=mutant_min_time, slow_fraction=slow_fraction,
@@ -442,6 +451,7 @@ def curate(
     format: Format = None,
     grades: Grades = None,
     repeat: Repeat = 5,
+    env_repeat: EnvRepeat = 3,
     max_mutants: MaxMutants = 12,
     min_mutation_score: MinScore = 0.6,
     slow_fraction: SlowFraction = 0.5,
@@ -467,7 +477,7 @@ def curate(
         from sandloop.curation.sets import make_manifest
 
         cfg = _config(
-            hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat,
+            hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat, env_repeat=env_repeat,
             max_mutants=max_mutants, min_mutants=min_mutants,
             min_mutation_score=min_mutation_score, mutant_time_factor=mutant_time_factor,
             mutant_min_time_s=mutant_min_time, slow_fraction=slow_fraction, shingle=shingle,

@@ -5,6 +5,9 @@ score`` uses) with a verifier per check whose configuration hash names the check
 parameters, so every result lands in the result store under (task version, completion, check):
 a re-run recomputes nothing unchanged. The checks batch all tasks at once so every slot is busy:
 
+0. the determinism probes of ``sandloop env check`` in every environment the tasks run in,
+   ``env_repeat`` rounds over the slots (nondeterministic: a probe that differs flags every task
+   of that environment and the probe's language);
 1. the reference, ``repeat`` times (flaky, reference_fails, slow_reference), the reference under
    each of ``hash_seeds`` (nondeterministic; where the seeds disagree, once more per seed), and
    the degenerate completions (trivial_pass);
@@ -30,11 +33,13 @@ from sandloop.curation.degenerate import degenerate_completions
 from sandloop.curation.fingerprints import contamination, fingerprint, near_duplicates
 from sandloop.curation.mutants import Mutant, generate_mutants
 from sandloop.curation.problems import Problem, ProblemCode, Severity, TaskReport
+from sandloop.envs.probes import PROBES, Probe, ProbeReport, check_determinism
+from sandloop.errors import SandloopError
 from sandloop.reward.assemble import assemble
 from sandloop.reward.scoring import Completion, score_all
 from sandloop.reward.verdicts import RewardConfig, Verdict
 from sandloop.reward.verifier import CompletionResult, Runner, Verifier
-from sandloop.sandbox.models import ExecResult, Limits, Program
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 from sandloop.store import ResultStore
 from sandloop.tasks import Task
 
@@ -55,6 +60,7 @@ class ValidateConfig(BaseModel):
 
     repeat: int = Field(5, ge=2, description="reference runs for the flaky check")
     hash_seeds: tuple[int, ...] = Field((1, 2, 3), description="PYTHONHASHSEED values tried")
+    env_repeat: int = Field(3, ge=1, description="rounds of the environment probes over the slots")
     max_mutants: int = Field(12, ge=0, description="mutants per task (0: no mutation testing)")
     min_mutants: int = Field(3, ge=1, description="fewer mutants than this: no weak_tests verdict")
     min_mutation_score: float = Field(0.6, ge=0, le=1)
@@ -179,6 +185,57 @@ class _Batch:
         return sum(len(c) for _, c in self.groups.values())
 
 
+class _ProbeLost(Exception):
+    """A probe run failed to run; the environment's check is skipped, not failed."""
+
+
+_PROBE_LANGUAGES = frozenset(p.language for p in PROBES)
+
+
+async def _check_environments(
+        tasks: Sequence[Task], run: Runner, cfg: ValidateConfig, slots: int,
+        environments: dict[str, list[str]],
+        flag: Callable[[str, ProblemCode, str], None], skipped: dict[str, list[str]],
+        on_phase: Callable[[str, int], None] | None) -> int:
+    """Phase 0: ``env check``'s probes in each environment the tasks name (not cached: they
+    check the environment as it is now). Returns the number of runs."""
+    by_env: dict[str, list[Task]] = {}
+    for t in tasks:
+        if t.language in _PROBE_LANGUAGES:
+            by_env.setdefault(t.environment or "", []).append(t)
+    width = max(1, slots)
+    if on_phase and by_env:
+        on_phase("environment probes", len(by_env) * cfg.env_repeat * width * len(PROBES))
+    for env, members in by_env.items():
+        label = env or f"the built-in {'/'.join(sorted({t.language for t in members}))}"
+
+        async def one(probe: Probe, env: str = env) -> tuple[str, str]:
+            r = await run(Program(language=probe.language, source=probe.source,
+                                  environment=env or None), Limits(time_s=10))
+            if r.status is Status.SANDBOX_ERROR:  # lost, not an outcome of the environment
+                raise _ProbeLost(r.error or "sandbox_error")
+            return r.status.value, r.stdout + r.stderr + (r.error or "")
+
+        try:
+            reports = await check_determinism(one, repeat=cfg.env_repeat, width=width,
+                                              concurrent=True)
+        except (SandloopError, _ProbeLost) as e:
+            for t in members:
+                skipped[t.id].append(f"nondeterministic: the probes of {label} did not run: {e}")
+            continue
+        differ: list[ProbeReport] = [r for r in reports if not r.deterministic]
+        environments[env] = [r.probe.name for r in differ]
+        runs = cfg.env_repeat * width
+        for t in members:
+            mine = [r for r in differ if r.probe.language == t.language]
+            if mine:
+                flag(t.id, ProblemCode.NONDETERMINISTIC, f"{label} is not deterministic: " +
+                     "; ".join(f"probe {r.probe.name} ({r.probe.pins}) gave {len(r.variants)} "
+                               f"outcomes in {runs} runs" for r in mine[:3]) +
+                     " (sandloop env check shows them)")
+    return len(by_env) * cfg.env_repeat * width * len(PROBES)
+
+
 class ValidationRun(BaseModel):
     """Reports in task order and how much work was done or reused."""
 
@@ -189,6 +246,10 @@ class ValidationRun(BaseModel):
     cached: int
     mutants: int
     elapsed_s: float = 0.0
+    # Environment (name or id; "" the languages' built-ins) -> its probes that gave more than
+    # one outcome ([]: deterministic); absent when the nondeterministic check did not run.
+    environments: dict[str, list[str]] = Field(default_factory=dict)
+    probe_runs: int = 0
 
 
 async def validate_tasks(
@@ -201,9 +262,12 @@ async def validate_tasks(
     concurrency: int = 16,
     on_result: Callable[[], None] | None = None,
     on_phase: Callable[[str, int], None] | None = None,
+    slots: int = 1,
 ) -> ValidationRun:
     """Run the configured checks on ``tasks`` (``against``: other sets for duplicates and
-    contamination); ``run`` is a sandbox runner, e.g. ``engine.runner(client="curation")``."""
+    contamination); ``run`` is a sandbox runner, e.g. ``engine.runner(client="curation")``,
+    and ``slots`` how many slots it spreads over (each round of environment probes is that
+    wide)."""
     cfg = config or ValidateConfig()
     want = cfg.checks
     by_id = {t.id: t for t in tasks}
@@ -219,6 +283,12 @@ async def validate_tasks(
             flag(t.id, ProblemCode.NO_TESTS,
                  f"no hidden tests ({len(t.public_tests)} public): the reward can only use "
                  "tests the model may have seen")
+
+    environments: dict[str, list[str]] = {}
+    probe_runs = 0
+    if ProblemCode.NONDETERMINISTIC in want:
+        probe_runs = await _check_environments(tasks, run, cfg, slots, environments, flag,
+                                               skipped, on_phase)
 
     # -- phase 1: references (repeats, seeds) and degenerate completions ------------------------
     ref_checks = want & {ProblemCode.REFERENCE_FAILS, ProblemCode.FLAKY,
@@ -416,4 +486,5 @@ async def validate_tasks(
             tags=list(t.tags), **extra[t.id])
         for t in tasks
     ]
-    return ValidationRun(reports=reports, runs=runs, cached=cached, mutants=total_mutants)
+    return ValidationRun(reports=reports, runs=runs, cached=cached, mutants=total_mutants,
+                         environments=environments, probe_runs=probe_runs)

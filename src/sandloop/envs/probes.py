@@ -9,8 +9,9 @@ distinct outcome (status + output) is nondeterministic in this environment.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -67,3 +68,31 @@ def compare(probe: Probe, outcomes: Iterable[tuple[str, str]]) -> ProbeReport:
     counts = Counter(outcomes)
     ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ProbeReport(probe, tuple((s, out, n) for (s, out), n in ordered))
+
+
+# Runs one probe in the sandbox and returns its (status, output); injected so that this layer,
+# below the sandbox, drives runs without importing it (``env check`` gives a pool's, ``tasks
+# validate`` the engine's).
+ProbeRunner = Callable[[Probe], Awaitable[tuple[str, str]]]
+
+
+async def check_determinism(run: ProbeRunner, *, repeat: int, width: int,
+                            probes: Sequence[Probe] = PROBES,
+                            concurrent: bool = False) -> list[ProbeReport]:
+    """Run every probe ``repeat`` rounds of ``width`` runs each and compare the outcomes.
+
+    ``width`` is the number of slots. Sequential runs (the default) visit every slot of a pool
+    that hands slots out in FIFO order once per round; ``concurrent`` runs a round's ``width``
+    runs at once, faster, and spread over the slots of an otherwise idle pool, but not
+    guaranteed to touch each one (a quick run can free its slot for the next)."""
+    if repeat < 1 or width < 1:
+        raise ValueError("repeat and width must be >= 1")
+    outcomes: list[list[tuple[str, str]]] = [[] for _ in probes]
+    for _ in range(repeat):
+        for i, probe in enumerate(probes):
+            if concurrent:
+                outcomes[i].extend(await asyncio.gather(*(run(probe) for _ in range(width))))
+            else:
+                for _slot in range(width):
+                    outcomes[i].append(await run(probe))
+    return [compare(p, o) for p, o in zip(probes, outcomes, strict=True)]
