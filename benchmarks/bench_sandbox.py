@@ -8,9 +8,10 @@ and the ratio isolated/bare of the median wall time (target: <= 0.5). The two ar
 alternating blocks (isolated, bare, isolated, ...), so that the drift of a shared machine's speed
 over the run weighs on both sides alike instead of on whichever went second.
 
-Then per compiled language (C, C++, Java, Go, Rust, TypeScript): the compile step's wall time,
-the run step's, and runs/s of the compiled artifact at concurrency = cores (compile once, run
-many: what the verifier does per test); for Java and Go, the start-up of the same artifact run
+Then per language: for Python, JavaScript and bash the run's wall time and runs/s at
+concurrency = cores; per compiled language (C, C++, Java, Go, Rust, TypeScript): the compile
+step's wall time, the run step's, and runs/s of the compiled artifact at concurrency = cores
+(compile once, run many: what the verifier does per test); for Java and Go, the start-up of the same artifact run
 outside the sandbox (bare subprocess, same flags and environment), and the ratio.
 
     .venv/bin/python benchmarks/bench_sandbox.py [--runs N] [--languages-only]
@@ -157,10 +158,29 @@ DOUBLE = {
     "typescript": 'const n: number = Number(require("fs").readFileSync(0, "utf8"));\n'
                   'console.log(2 * n);\n',
 }
+# The same program in the interpreted languages: no compile step, the run is the program.
+DOUBLE_INTERPRETED = {
+    "python": "print(2 * int(input()))\n",
+    "javascript": 'console.log(2 * Number(require("fs").readFileSync(0, "utf8")));\n',
+    "bash": "read n; echo $((2 * n))\n",
+}
 LANG_LIMITS = Limits(time_s=10, memory_mb=512)
 
 
 async def language_rows(pool: SandboxPool, n: int, cores: int, tmp: str) -> None:
+    print("(interpreted languages: the same program, read a number and print twice it; full "
+          "isolation)")
+    for lang, src in DOUBLE_INTERPRETED.items():
+        try:
+            spec_for(lang, limits=LANG_LIMITS).check_available()
+        except LanguageUnavailable as e:
+            print(f"  {lang:<11} skipped: {e}")
+            continue
+        prog = Program(language=lang, source=src, stdin="21")
+        await measure(3, cores, isolated_runner(pool, prog, "42\n"))  # warm-up
+        lat, rps = await measure(n, cores, isolated_runner(pool, prog, "42\n"))
+        assert len(lat) == n, len(lat)
+        print(f"  {lang:<11} compile       -   " + row("runs", lat, rps))
     print("(compiled languages: compile once, run many; full isolation)")
     for lang, src in DOUBLE.items():
         spec = spec_for(lang, limits=LANG_LIMITS)

@@ -51,6 +51,18 @@ async def test_sessions_do_not_see_each_other(engine: Engine) -> None:
         assert r.ok and "secret" not in r.stdout
 
 
+async def test_sessions_opened_with_files_start_from_them_and_apart(engine: Engine) -> None:
+    files = {f"src/f{i}.py": f"N = {i}\n".encode() for i in range(50)}
+    async with engine.session(files=files) as a, engine.session(files=files) as b:
+        assert (await a.run("rm src/f1.py; echo a > src/f2.py; ls src | wc -l")).stdout == "49\n"
+        r = await b.run("ls src | wc -l; cat src/f2.py")
+        assert r.stdout == "50\nN = 2\n", (r.stdout, r.stderr)
+    assert workspaces(engine) == 0
+    with pytest.raises(ValueError, match=r"'\.\.' components"):
+        await engine.open_session(files={"../escape": b"x"})
+    assert workspaces(engine) == 0 and engine._opening == 0 and engine._session_mb == 0
+
+
 async def test_session_limits_apply_to_its_runs(engine: Engine) -> None:
     async with engine.session(limits=Limits(time_s=0.5, workdir_mb=2)) as s:
         assert (await s.run("sleep 5")).status is Status.TIMEOUT

@@ -146,8 +146,11 @@ async def test_fork_bomb_is_an_observation_and_the_episode_goes_on(
 
 async def test_filling_the_disk_ends_as_a_verdict(engine: Engine, spanlib: RepoTask) -> None:
     async with episode(engine, spanlib, workdir_mb=8) as ep:
-        fill = await ep.call("run", command="dd if=/dev/zero of=fill bs=1M count=64")
-        assert fill["status"] == "runtime_error" and "No space" in fill["stderr"]
+        # Two files: the first reaches the per-file size limit (the work dir's size), the
+        # second finds the work dir full.
+        fill = await ep.call("run", command="dd if=/dev/zero of=fill bs=1M count=64; "
+                                            "dd if=/dev/zero of=fill2 bs=1M count=64")
+        assert fill["status"] == "runtime_error" and "No space" in fill["stderr"], fill
         # Writes are buffered until the next command: that is where "full" shows, as an
         # observation, not an exception.
         assert (await ep.call("write_file", path="more.txt", content="x" * 100_000))["ok"]

@@ -146,3 +146,76 @@ async def test_sessions_interleaved_on_one_slot_stay_apart() -> None:
             assert rp.stdout == "['main.py'] 2048\n", rp
         await one.close_workspace(a)
         await one.close_workspace(b)
+
+
+NO_OVERLAY = ("this kernel mounts no overlayfs (the pool logged it): workspaces get copies, "
+              "tested by the copy_injected case")
+BASE = {**{f"pkg/m{i}.py": f"X = {i}\n".encode() for i in range(200)},
+        "README.md": b"original\n", "bin/tool.sh": b"echo tool\n"}
+# Everything a session may do to the files it started with.
+VANDAL = ("echo changed > README.md; rm pkg/m1.py; chmod 000 pkg/m2.py; ln pkg/m3.py hard;"
+          "echo appended >> pkg/m3.py; mv bin bin2; truncate -s 0 pkg/m4.py; mkdir -p pkg/new;"
+          "touch pkg/new/x; ls pkg | wc -l")
+LOOK = ("cat README.md; ls pkg | wc -l; cat pkg/m2.py pkg/m3.py pkg/m4.py; cat bin/tool.sh;"
+        "ls bin2 hard 2>&1 | wc -l")
+
+
+@pytest.mark.parametrize("cow", [True, False], ids=["overlay", "copy_injected"])
+async def test_sessions_opened_from_the_same_files_never_see_each_others_changes(
+        cow: bool) -> None:
+    """One slot, so every workspace shares its base. Without the upper layer (a session writing
+    into the base), the second and third workspaces would see the first one's changes.
+    ``copy_injected``: the pool told overlays are unavailable, as a zygote would say."""
+    async with SandboxPool(1) as pool:
+        if not cow:
+            pool.cow = False
+        a = await pool.open_workspace(Limits(workdir_mb=8), base=BASE)
+        if cow and pool.cow is False:
+            pytest.skip(NO_OVERLAY)
+        b = await pool.open_workspace(Limits(workdir_mb=8), base=BASE)
+        assert pool.cow is cow and pool.bases_built == (1 if cow else 0)
+        r = await pool.run_in(a, Program(language="bash", source=VANDAL))
+        assert r.status is Status.OK and r.stdout == "200\n", (r.stdout, r.stderr)
+        assert (await pool.read_files(a, ["README.md", "pkg/m3.py"])) == {
+            "README.md": b"changed\n", "pkg/m3.py": b"X = 3\nappended\n"}
+        c = await pool.open_workspace(Limits(workdir_mb=8), base=BASE)
+        want = "original\n200\nX = 2\nX = 3\nX = 4\necho tool\n2\n"
+        for ws in (b, c):
+            r = await pool.run_in(ws, Program(language="bash", source=LOOK))
+            assert r.stdout == want, (r.stdout, r.stderr)
+        assert pool.bases_built == (1 if cow else 0)  # the base was written once
+        for ws in (a, b, c):
+            await pool.close_workspace(ws)
+        d = await pool.open_workspace(Limits(workdir_mb=8), base=BASE)
+        r = await pool.run_in(d, Program(language="bash", source=LOOK))
+        assert r.stdout == want, (r.stdout, r.stderr)
+        await pool.close_workspace(d)
+
+
+async def test_a_session_on_shared_files_still_has_its_own_size_limit() -> None:
+    async with SandboxPool(1) as pool:
+        ws = await pool.open_workspace(Limits(workdir_mb=4), base=BASE)
+        r = await pool.run_in(ws, Program(language="bash", source=(
+            "dd if=/dev/zero of=a bs=1M count=3 2>/dev/null; "
+            "dd if=/dev/zero of=b bs=1M count=3 2>&1 | grep -o 'No space'; cat README.md")))
+        assert r.stdout == "No space\noriginal\n", (r.stdout, r.stderr)
+        # Deleting a shared file frees nothing of the limit (it was never counted) but is
+        # this session's alone.
+        other = await pool.open_workspace(Limits(workdir_mb=4), base=BASE)
+        assert (await pool.read_files(other, ["README.md"])) == {"README.md": b"original\n"}
+
+
+async def test_a_base_is_written_again_after_its_slot_restarts_injected() -> None:
+    # Fault injection: kill the zygote that holds the base.
+    async with SandboxPool(1) as pool:
+        ws = await pool.open_workspace(base=BASE)
+        if pool.cow is False:
+            pytest.skip(NO_OVERLAY)
+        slot = pool._slots[ws.slot]
+        assert slot.proc is not None
+        os.kill(slot.proc.pid, 9)
+        slot.proc.wait()
+        assert (await pool.run(Program(source="print(1)"))).stdout == "1\n"  # slot replaced
+        again = await pool.open_workspace(base=BASE)
+        assert (await pool.read_files(again, ["README.md"])) == {"README.md": b"original\n"}
+        assert pool.bases_built == 2

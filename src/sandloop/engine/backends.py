@@ -74,8 +74,10 @@ class Workspaces(Protocol):
     restarted, its node left).
     """
 
-    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
-        """A work dir whose files persist, in ``environment`` (None: the default one)."""
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> Any:
+        """A work dir whose files persist, in ``environment`` (None: the default one), with
+        ``base``'s files in it (a backend may share them copy-on-write between workspaces)."""
         ...
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult: ...
@@ -142,8 +144,9 @@ class LocalBackend:
                       on_end: Callable[[], None] | None = None) -> ExecResult:
         return await self.pool.run(program, limits, on_end=on_end)
 
-    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
-        return await self.pool.open_workspace(limits, environment=environment)
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> Any:
+        return await self.pool.open_workspace(limits, environment=environment, base=base)
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         return await self.pool.run_in(workspace, program, limits)

@@ -320,8 +320,8 @@ class ClusterBackend:
             node.failures += 1
         return result
 
-    async def open_workspace(self, limits: Limits, *, environment: str | None = None
-                             ) -> ClusterWorkspace:
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> ClusterWorkspace:
         # A session holds storage, not a slot: the node with the most free memory holds it.
         live = [n for n in self._nodes.values() if not n.lost]
         if not live:
@@ -332,7 +332,14 @@ class ClusterBackend:
         except NodeLost as e:
             self._lose(node, str(e))
             raise WorkspaceLost(f"node {node.info.node_id[:12]} was lost: {e}") from e
-        return ClusterWorkspace(node.info.node_id, handle)
+        ws = ClusterWorkspace(node.info.node_id, handle)
+        if base:  # copied in: nodes share no copy-on-write bases (yet)
+            try:
+                await self.write_files(ws, base)
+            except BaseException:
+                await self.close_workspace(ws)
+                raise
+        return ws
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         node = self._pinned(workspace)

@@ -29,6 +29,7 @@ from collections.abc import (
     Generator,
     Hashable,
     Iterable,
+    Mapping,
     Sequence,
 )
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from sandloop.engine.errors import (
     EngineClosed,
     IdempotencyConflict,
     RateLimited,
+    SessionFull,
     SessionLimit,
     SessionLost,
 )
@@ -53,8 +55,8 @@ from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBuc
 from sandloop.engine.session import Session
 from sandloop.errors import InputError
 from sandloop.sandbox.graph import Graph, GraphResult, Node, execute_nodes
-from sandloop.sandbox.models import ExecResult, Limits, Program, Status
-from sandloop.sandbox.pool import SandboxPool, WorkspaceLost, workspace_mb
+from sandloop.sandbox.models import ExecResult, Limits, Program, Status, check_relative_path
+from sandloop.sandbox.pool import SandboxPool, WorkspaceFull, WorkspaceLost, workspace_mb
 from sandloop.sandbox.slot import DEFAULT_PRELOAD
 
 if TYPE_CHECKING:
@@ -924,8 +926,14 @@ class Engine:
     async def open_session(self, *, language: str = "python", limits: Limits | None = None,
                            ttl_s: float | None = None, idle_timeout_s: float | None = None,
                            priority: int | str = "interactive", client: str = "default",
-                           environment: str | None = None) -> Session:
+                           environment: str | None = None,
+                           files: Mapping[str, bytes] | None = None) -> Session:
         """Open a multi-turn session: a work dir whose files persist between runs.
+
+        ``files``: what it starts with. On the local backend, sessions opened with the same
+        files share one copy of them per slot, copy-on-write (opening costs a mount, not a
+        copy, and ``workdir_mb`` counts only what the session writes); elsewhere they are
+        copied in. Raises SessionFull when a copy does not fit.
 
         Idle, it costs only its files: at most ``limits.workdir_mb`` capped at
         ``limits.memory_mb``. It is reaped (files deleted) after ``idle_timeout_s`` without use
@@ -934,6 +942,8 @@ class Engine:
         in ``environment`` (a name or id; None: the backend's default).
         """
         self._check_open()
+        for name in files or ():
+            check_relative_path(name)
         if len(self._sessions) + self._opening >= self.max_sessions:
             raise SessionLimit(f"the engine holds {self.max_sessions} sessions; close some or "
                                "raise Engine(max_sessions=...)")
@@ -949,7 +959,10 @@ class Engine:
         self._session_mb += size
         self._opening += 1
         try:
-            ws = await self.backend.open_workspace(limits, environment=environment)
+            ws = await self.backend.open_workspace(limits, environment=environment, base=files)
+        except WorkspaceFull as e:
+            self._session_mb -= size
+            raise SessionFull(f"cannot open a session with these files: {e}") from None
         except WorkspaceLost as e:
             self._session_mb -= size
             raise SessionLost(f"cannot open a session: {e}") from e
@@ -993,11 +1006,12 @@ class Engine:
     async def session(self, *, language: str = "python", limits: Limits | None = None,
                       ttl_s: float | None = None, idle_timeout_s: float | None = None,
                       priority: int | str = "interactive", client: str = "default",
-                      environment: str | None = None) -> AsyncIterator[Session]:
+                      environment: str | None = None,
+                      files: Mapping[str, bytes] | None = None) -> AsyncIterator[Session]:
         """``async with engine.session(...) as s:`` — ``open_session`` closed on exit."""
         s = await self.open_session(language=language, limits=limits, ttl_s=ttl_s,
                                     idle_timeout_s=idle_timeout_s, priority=priority,
-                                    client=client, environment=environment)
+                                    client=client, environment=environment, files=files)
         try:
             yield s
         finally:

@@ -363,8 +363,16 @@ class _RayNodeClient:
         result: ExecResult = await self._call("execute", program, limits, shipped)
         return result
 
-    async def open_workspace(self, limits: Limits, *, environment: str | None = None) -> Any:
-        return await self._call("open_workspace", limits, environment)
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> Any:
+        ws = await self._call("open_workspace", limits, environment)
+        if base:  # copied in, over the wire
+            try:
+                await self.write_files(ws, base)
+            except BaseException:
+                await self.close_workspace(ws)
+                raise
+        return ws
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         program, shipped = self._shipper.split(program)

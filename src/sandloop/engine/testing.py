@@ -107,10 +107,12 @@ class ScriptedBackend:
             on_end()
         return result
 
-    async def open_workspace(self, limits: Limits, *, environment: str | None = None
-                             ) -> ScriptedWorkspace:
+    async def open_workspace(self, limits: Limits, *, environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> ScriptedWorkspace:
         ws = ScriptedWorkspace(limits)
         self.workspaces.append(ws)
+        if base:
+            await self.write_files(ws, base)
         return ws
 
     def _live(self, workspace: object) -> ScriptedWorkspace:

@@ -147,12 +147,8 @@ class Episode:
         t0 = time.perf_counter()
         s = await self.engine.open_session(limits=self._limits, priority=self.config.priority,
                                            client=self.config.client,
-                                           environment=self.task.runtime_environment)
-        try:
-            await s.write_files(snap)
-        except BaseException:
-            await s.close()
-            raise
+                                           environment=self.task.runtime_environment,
+                                           files=snap)
         self.reset_s = time.perf_counter() - t0
         self._session = s
         self._files = FileView(s, snap)

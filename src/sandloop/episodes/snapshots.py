@@ -3,8 +3,10 @@
 Set-up (``RepoTask.setup``: generating files, building an extension) runs once per task version
 in a scratch session; its result — every regular file of the work dir — is kept in the
 supervisor's memory, shared read-only by every episode of that task. An episode's reset then
-copies the snapshot into its fresh session in one write: no set-up per episode, and nothing an
-earlier episode did can leak into the next (each gets its own work dir).
+opens its fresh session from the snapshot (``engine.open_session(files=...)``: on the local
+backend a copy-on-write overlay on one copy per slot, elsewhere a copy): no set-up per
+episode, and nothing an earlier episode did can leak into the next (each gets its own work
+dir, or its own upper layer).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ import asyncio
 import collections
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,7 @@ from sandloop.sandbox.safefs import pack_files
 from sandloop.sandbox.seccomp_policy import compile_filter
 from sandloop.sandbox.slot import (
     DEFAULT_PRELOAD,
+    CowUnavailable,
     NsReleaser,
     Slot,
     SlotBroken,
@@ -300,6 +302,13 @@ class SandboxPool:
         self._releaser = NsReleaser()  # finished runs' mount namespaces, for all slots
         self._free: _SlotHandout | None = None
         self._config: SlotConfig | None = None
+        # Copy-on-write bases of workspaces: (slot, files digest) -> (work id, generation),
+        # oldest first; None until a zygote says it cannot (then workspaces get copies).
+        self._bases: collections.OrderedDict[tuple[int, str], tuple[str, int]] = \
+            collections.OrderedDict()
+        self._base_lock = asyncio.Lock()
+        self.cow: bool | None = None
+        self.bases_built = 0
         self._started = False
         self._unisolated_sem: asyncio.Semaphore | None = None
         # isolation="none" as root: the unprivileged uids its runs take (one per concurrent run).
@@ -594,12 +603,19 @@ class SandboxPool:
 
     # -- workspaces (persistent work dirs for multi-turn sessions) -----------------------------
     async def open_workspace(self, limits: Limits | None = None, *,
-                             environment: str | None = None) -> Workspace:
+                             environment: str | None = None,
+                             base: Mapping[str, bytes] | None = None) -> Workspace:
         """A work dir that keeps its files between runs, in the slot with fewest workspaces.
 
         Idle, it costs only its files (a tmpfs in that slot's zygote); runs in it wait for that
         slot. Size and inode limits are fixed at creation: ``limits.workdir_mb/_inodes``, the
         size capped at ``limits.memory_mb`` (see ``workspace_mb``).
+
+        ``base``: the files it starts with. Each slot writes a given set of files once, into a
+        work dir no run ever sees, and every workspace opened with the same files is a
+        copy-on-write overlay on it (opening costs a mount, not a copy; the size and inode
+        limits count what the session writes). Where the kernel cannot, the files are copied
+        in (``cow`` turns False).
         """
         if not self._started:
             await self.start()
@@ -614,23 +630,105 @@ class SandboxPool:
             env = self._envs.environment(info)
             if info.id != self.environment.id and (env.python is not None or info.files):
                 owner = await self._pool_of(env)
-                ws = await owner.open_workspace(limits)
+                ws = await owner.open_workspace(limits, base=base)
                 ws.owner = owner
                 return ws
         limits = limits or Limits()
         limits = limits.model_copy(update={"workdir_mb": workspace_mb(limits)})
         slot = min(self._slots, key=lambda s: len(s.workspaces))
+        lower = None
+        if base and self.cow is not False:
+            lower = await self._base_on(slot, base)
         ws = Workspace(slot.new_work_id(), slot.index, limits, generation=slot.generation)
         acquired = await self._acquire(slot)
         try:
             ws.generation = acquired.generation
-            await acquired.make_work(ws.id, limits.workdir_mb, limits.workdir_inodes)
+            try:
+                await acquired.make_work(ws.id, limits.workdir_mb, limits.workdir_inodes,
+                                         lower=lower)
+            except CowUnavailable as e:
+                logger.warning("workspaces get copies of their files, not overlays: %s", e)
+                self.cow, lower = False, None
+                await acquired.make_work(ws.id, limits.workdir_mb, limits.workdir_inodes)
+            except OSError as e:
+                if lower is None:
+                    raise
+                # Its base went meanwhile (evicted, or the slot restarted): a copy, this once.
+                logger.debug("workspace %s gets a copy of its files: %s", ws.id, e)
+                lower = None
+                await acquired.make_work(ws.id, limits.workdir_mb, limits.workdir_inodes)
             acquired.workspaces.add(ws.id)
         except (SlotBroken, OSError) as e:
             raise WorkspaceLost(f"cannot create the workspace: {e}") from e
         finally:
             self._free.release(acquired)  # type: ignore[union-attr]
+        if lower is not None:
+            self.cow = True
+        elif base:
+            try:
+                await self.write_files(ws, dict(base))
+            except BaseException:
+                await self.close_workspace(ws)
+                raise
         return ws
+
+    _MAX_BASES_PER_SLOT = 8
+
+    async def _base_on(self, slot: Slot, base: Mapping[str, bytes]) -> str | None:
+        """The work id of ``base``'s files in ``slot`` (written there the first time); None
+        where the zygote cannot make overlays."""
+        check_file_names(base)
+        h = hashlib.sha256()
+        for name in sorted(base):
+            data = base[name]
+            h.update(b"%d:%s:%d:" % (len(name), name.encode(), len(data)))
+            h.update(data)
+        key = (slot.index, h.hexdigest())
+        async with self._base_lock:  # one writer of a base per slot; rare (once per slot)
+            got = self._bases.get(key)
+            if got is not None and got[1] == slot.generation:
+                self._bases.move_to_end(key)
+                return got[0]
+            if self.cow is False:
+                return None
+            total = sum(len(d) for d in base.values())
+            size_mb = -(-(total + 4096 * (len(base) + 1)) // (1 << 20)) + 1
+            if size_mb > 8192 or 2 * len(base) + 64 > 1 << 20:
+                return None  # larger than any work dir: copied in (and refused as too big)
+            lim = Limits(workdir_mb=size_mb, memory_mb=max(256, size_mb),
+                         workdir_inodes=2 * len(base) + 64)
+            tmpl = Workspace(slot.new_work_id(), slot.index, lim, generation=slot.generation)
+            acquired = await self._acquire(slot)
+            try:
+                tmpl.generation = acquired.generation
+                await acquired.make_work(tmpl.id, lim.workdir_mb, lim.workdir_inodes)
+                # A workspace while it is written (runs check that), never one a caller holds.
+                acquired.workspaces.add(tmpl.id)
+                evict = [k for k in self._bases if k[0] == slot.index]
+                evict = evict[:max(0, len(evict) + 1 - self._MAX_BASES_PER_SLOT)]
+                for k in evict:
+                    work, gen = self._bases.pop(k)
+                    if gen == acquired.generation:
+                        # Overlays opened on it keep its files alive until they close.
+                        await acquired.remove_work(work)
+            except (SlotBroken, OSError) as e:
+                raise WorkspaceLost(f"cannot create the workspace's base: {e}") from e
+            finally:
+                self._free.release(acquired)  # type: ignore[union-attr]
+            try:
+                packed = {name: _as_bytes(data) for name, data in base.items()}
+                r = await self._in_workspace(tmpl, _TOUCH, _file_op_limits(lim), files=packed,
+                                             collect=())
+                if r.status is not Status.OK:
+                    raise OSError(f"cannot write the workspace's base: "
+                                  f"{r.error or r.stderr.strip()}")
+            except BaseException:
+                await self.close_workspace(tmpl)
+                raise
+            acquired.workspaces.discard(tmpl.id)
+            self._bases[key] = (tmpl.id, tmpl.generation)
+            self.bases_built += 1
+            return tmpl.id
 
     async def run_in(self, ws: Workspace, program: Program, limits: Limits | None = None) -> ExecResult:
         """Run ``program`` with ``/sandbox`` = the workspace; its files persist afterwards."""

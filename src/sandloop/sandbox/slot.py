@@ -59,6 +59,11 @@ class SlotBroken(SandboxError, RuntimeError):
     """The slot's zygote died or misbehaved; the pool replaces the slot."""
 
 
+class CowUnavailable(OSError):
+    """The zygote cannot mount a copy-on-write work dir here (no overlayfs, or it refuses
+    the file system): the pool copies files into plain work dirs instead."""
+
+
 # Modules imported once by each slot's zygote, so that runs start with them warm. Every module
 # here makes every run's fork and exit dearer (page tables, copy-on-write faults: ~0.25 ms per
 # MiB of zygote memory here), so the default holds what model-written solutions import often
@@ -447,10 +452,18 @@ class Slot:
             raise SlotBroken(f"cannot reach zygote of slot {self.index}: {e}") from e
         return await self._recv(timeout)
 
-    async def make_work(self, work: str, size_mb: int, inodes: int) -> None:
-        """Create a persistent work dir (a tmpfs in the zygote's private area; no process)."""
-        reply = await self._request({"op": "mkwork", "work": work, "workdir_mb": size_mb,
-                                     "workdir_inodes": inodes})
+    async def make_work(self, work: str, size_mb: int, inodes: int,
+                        lower: str | None = None) -> None:
+        """Create a persistent work dir (a tmpfs in the zygote's private area; no process);
+        with ``lower``, a copy-on-write overlay on that work dir (``CowUnavailable`` where
+        the kernel cannot)."""
+        msg: dict[str, Any] = {"op": "mkwork", "work": work, "workdir_mb": size_mb,
+                               "workdir_inodes": inodes}
+        if lower is not None:
+            msg["lower"] = lower
+        reply = await self._request(msg)
+        if reply.get("cow_unavailable"):
+            raise CowUnavailable(f"no copy-on-write work dir: {reply.get('error')}")
         if not reply.get("ok"):
             raise OSError(f"cannot create the work dir: {reply.get('error')}")
 

@@ -129,6 +129,7 @@ class Zygote:
         # process exits, so the loop needs no SIGCHLD handler (children inherit none to undo).
         self.running: dict[int, tuple[int, int]] = {}
         self.work_opts: dict[str, str] = {}  # persistent (session) work dirs -> tmpfs options
+        self.cows: set[str] = set()  # those of them that are overlays on another (see mkwork)
         self.spare: Spare | None = None
         self.last_key: SpareKey | None = None
         # (kept copy, path under /tmp); a re-executed zygote gets them from its first stage.
@@ -331,20 +332,74 @@ class Zygote:
             raise SetupError(f"bad work id {work!r}")
         return os.path.join(self.works, work)
 
-    def ensure_work(self, work: str, opts: str) -> None:
-        """Mount a named work tmpfs once; every run that names it gets it bound at /sandbox."""
+    def ensure_work(self, work: str, opts: str, lower: str | None = None) -> None:
+        """Mount a named work tmpfs once; every run that names it gets it bound at /sandbox.
+        With ``lower`` (another work dir, which nobody writes any more), an overlay on it
+        instead: its files show through and what the runs change goes to a tmpfs of ``opts``."""
         if work not in self.work_opts:
             path = self.work_path(work)
             os.makedirs(path, 0o700, exist_ok=True)
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
-                  f"{opts},mode=0755,uid={self.uid},gid={self.gid}")
+            if lower is None:
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+                      f"{opts},mode=0755,uid={self.uid},gid={self.gid}")
+            else:
+                self._mount_cow(path, work, opts, lower)
+                self.cows.add(work)
             self.work_opts[work] = opts
+
+    def _cow_area(self, work: str) -> str:
+        return os.path.join(PRIVATE, "cow", work)
+
+    def _mount_cow(self, path: str, work: str, opts: str, lower: str) -> None:
+        """Copy-on-write work dir: an overlay of ``lower`` with an upper layer on a tmpfs of
+        its own, so one prepared copy of a repository serves every session opened from it.
+
+        The size and inode limits hold for what a session writes (the upper layer); the lower
+        layer is shared and read-only (a run that could write it would change every session's
+        files: it is never bound into a run). The layers are named by descriptors only this
+        process held while mounting, so the mount table shows no work dir names."""
+        if lower not in self.work_opts or lower in self.cows:
+            raise SetupError(f"lower work dir {lower!r} is not a plain work dir of this zygote")
+        area = self._cow_area(work)
+        os.makedirs(area, 0o700, exist_ok=True)
+        mount("tmpfs", area, "tmpfs", MS_NOSUID | MS_NODEV, f"{opts},mode=0700")
+        fds: list[int] = []
+        try:
+            upper, scratch = os.path.join(area, "upper"), os.path.join(area, "work")
+            os.mkdir(upper, 0o755)
+            os.chown(upper, self.uid, self.gid)  # the merged root's owner and mode are these
+            os.mkdir(scratch, 0o700)
+            fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                   for d in (self.work_path(lower), upper, scratch)]
+            fd_dir = PRIVATE + "/proc/self/fd"  # the host's /proc, once setup() pivoted
+            layers = (f"lowerdir={fd_dir}/{fds[0]},upperdir={fd_dir}/{fds[1]},"
+                      f"workdir={fd_dir}/{fds[2]}")
+            # redirect_dir lets a program rename a directory that came from the lower layer
+            # (without it: EXDEV); a kernel without it gets the plain overlay.
+            for extra in (",redirect_dir=on", ""):
+                if libc.mount(b"overlay", path.encode(), b"overlay", MS_NOSUID | MS_NODEV,
+                              (layers + extra).encode()) == 0:
+                    return
+            err = ctypes.get_errno()
+            raise OSError(err, f"overlay work dir: {os.strerror(err)}")
+        except BaseException:
+            umount(area, MNT_DETACH)
+            os.rmdir(area)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def remove_work(self, work: str) -> None:
         if work in self.work_opts:
             path = self.work_path(work)
+            # Detached, not unmounted: a lower layer stays alive for the overlays on it.
             umount(path, MNT_DETACH)
             os.rmdir(path)
+            if work in self.cows:
+                umount(self._cow_area(work), MNT_DETACH)
+                os.rmdir(self._cow_area(work))
+                self.cows.discard(work)
             del self.work_opts[work]
 
     # -- the loop -------------------------------------------------------------------------------
@@ -492,7 +547,15 @@ class Zygote:
             self.remove_work(msg["work"])
             return {"ok": True}
         if op == "mkwork":
-            self.ensure_work(msg["work"], tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"]))
+            lower = msg.get("lower")
+            try:
+                self.ensure_work(msg["work"],
+                                 tmpfs_options(msg["workdir_mb"], msg["workdir_inodes"]), lower)
+            except OSError as e:
+                if lower is None:
+                    raise
+                # No overlayfs here (or it refuses this file system): the supervisor copies.
+                return {"ok": False, "cow_unavailable": True, "error": str(e)}
             return {"ok": True}
         if op != "run":
             return {"ok": False, "error": f"unknown op {op!r}"}
