@@ -184,6 +184,7 @@ async def test_sessions_opened_from_the_same_files_never_see_each_others_changes
             r = await pool.run_in(ws, Program(language="bash", source=LOOK))
             assert r.stdout == want, (r.stdout, r.stderr)
         assert pool.bases_built == (1 if cow else 0)  # the base was written once
+        assert list(pool.workspace_bases().values()) == [(cow, 1 if cow else 0)]
         for ws in (a, b, c):
             await pool.close_workspace(ws)
         d = await pool.open_workspace(Limits(workdir_mb=8), base=BASE)

@@ -128,3 +128,42 @@ def test_episode_runs_are_charged_to_the_key(quota_server: tuple[LiveServer, str
         state = c.get(f"/v1/episodes/{eid}").json()
         assert not state["done"] and state["turns"] == 6  # refused calls were no turns
     assert server.state.keys.policies()[0].runs == 4
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-episode-log",)], ids=["default", "no_log"])
+def test_serve_records_episodes_in_the_projects_store_by_default(
+        tmp_path: Path, flags: tuple[str, ...]) -> None:
+    # `sandloop serve` with no --db still records every episode (in the project's result
+    # store, under XDG_CACHE_HOME), and `sandloop episodes list` finds them there unasked.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from live import free_port, serve_process
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    port = free_port()
+    server = serve_process(port, "--slots", "1", "--task-set", "repo-demo", *flags,
+                           cwd=tmp_path, env=env)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+            r = c.post("/v1/episodes", json={"task_set": "repo-demo", "task_id": TASK.id})
+            assert r.status_code == 201, r.text
+            eid = r.json()["episode_id"]
+            r = c.post(f"/v1/episodes/{eid}/call", json={"tool": "submit", "arguments": {}})
+            assert r.json()["done"] is True, r.text
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    listed = subprocess.run([sys.executable, "-m", "sandloop", "episodes", "list"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={**os.environ, **env})
+    if flags:
+        assert listed.returncode == 2 and "no episodes recorded" in listed.stderr, listed
+    else:
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.startswith(f"{eid}\t{TASK.id}\t1 calls\tsubmit\t0.0"), listed.stdout

@@ -336,6 +336,11 @@ def serve(
         "--max-memory-mb", min=1, max=1 << 22,
         help="The most memory one run may ask, MiB; default: the project's max_memory_mb, "
              "else 8192.")] = None,
+    episode_db: Annotated[Path | None, typer.Option(
+        "--episode-db", help="Where episodes are recorded for `sandloop episodes list/replay`; "
+                             "default: --db, else the project's result store.")] = None,
+    no_episode_log: Annotated[bool, typer.Option(
+        "--no-episode-log", help="Do not record episodes.")] = False,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics.
 
@@ -347,6 +352,9 @@ def serve(
     from sandloop.server.usage import UsageLedgerError
 
     project = _settings()  # file < environment; the flags below win over both
+    if episode_db is None and not no_episode_log:  # every served episode is recorded unless asked not to
+        from sandloop.settings import default_db_path
+        episode_db = db if db is not None else default_db_path(project)
     try:
         serve_command(host, port, api_keys_file, slots, no_isolation, journal, db,
                       tuple(task_set or ["humaneval"]), max_body_mb, log_level,
@@ -357,7 +365,8 @@ def serve(
                       max_batch=project.max_batch if max_batch is None else max_batch,
                       max_time_s=project.max_time_s if max_time_s is None else max_time_s,
                       max_memory_mb=(project.max_memory_mb if max_memory_mb is None
-                                     else max_memory_mb))
+                                     else max_memory_mb),
+                      episode_db=episode_db, record_episodes=not no_episode_log)
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None

@@ -23,14 +23,22 @@ episodes_app = typer.Typer(help="Multi-turn episodes: list and replay recorded o
                            no_args_is_help=True)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
-DbOpt = Annotated[Path, typer.Option(
-    "--db", help="The SQLite file episodes were recorded in (sandloop serve --db, or "
-                 "EpisodeLog(path)).")]
+DbOpt = Annotated[Path | None, typer.Option(
+    "--db", help="The SQLite file episodes were recorded in (`sandloop serve --episode-db`/"
+                 "`--db`, or EpisodeLog(path)); default: the project's result store, where "
+                 "`sandloop serve` records them.")]
 
 
-def _log(db: Path) -> EpisodeLog:
+def _log(db: Path | None) -> EpisodeLog:
+    from sandloop.settings import default_db_path
     from sandloop.store.episodes import EpisodeLog
 
+    if db is None:
+        db = default_db_path()
+        if not db.is_file():
+            print_error(f"no episodes recorded for this project yet (no {db}); pass --db FILE "
+                        "where they were recorded")
+            raise typer.Exit(ExitCode.BAD_INPUT)
     if not db.is_file():
         print_error(f"--db {db}: no such file")
         raise typer.Exit(ExitCode.BAD_INPUT)
@@ -50,7 +58,7 @@ def _log(db: Path) -> EpisodeLog:
 
 
 @episodes_app.command("list")
-def list_command(db: DbOpt,
+def list_command(db: DbOpt = None,
                  limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 20,
                  ) -> None:
     """The most recent episodes: id, task, turns, how they ended, reward."""
@@ -68,7 +76,7 @@ def list_command(db: DbOpt,
 @episodes_app.command("replay")
 def replay_command(
     episode_id: Annotated[str, typer.Argument(help="The episode's id.")],
-    db: DbOpt,
+    db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     slots: Annotated[int | None, typer.Option("--slots", min=1, max=4096, help="Sandbox slots.")] = None,
 ) -> None:

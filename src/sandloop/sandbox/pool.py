@@ -477,6 +477,16 @@ class SandboxPool:
         except SlotBroken as e:
             return ExecResult.sandbox_error(f"sandbox slot failed: {e}", isolation="full")
 
+    def workspace_bases(self) -> dict[str, tuple[bool | None, int]]:
+        """Copy-on-write state per environment this pool serves workspaces in (its own and
+        those of the environments' pools it started): environment id -> (``cow``, bases
+        written). ``cow`` is None until a workspace with files was opened there."""
+        own = self.environment.id if self.environment is not None else "host"
+        out = {own: (self.cow, self.bases_built)}
+        for env_id, pool in self._env_pools.items():
+            out.update(pool.workspace_bases() if env_id != own else {})
+        return out
+
     async def _pool_of(self, env: Environment) -> SandboxPool:
         """The pool of another environment: started on first use, closed with this one."""
         pool = self._env_pools.get(env.id)

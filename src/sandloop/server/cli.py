@@ -57,6 +57,8 @@ def serve_command(
     max_batch: int | None = None,
     max_time_s: float | None = None,
     max_memory_mb: int | None = None,
+    episode_db: Path | None = None,
+    record_episodes: bool = True,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
@@ -66,7 +68,8 @@ def serve_command(
     file, UsageLedgerError when the quota ledger cannot be opened, RolloutLogError when
     ``rollout_log`` is not a usable SQLite rollout log. ``max_batch``, ``max_time_s`` and
     ``max_memory_mb``: None takes ServerConfig's default (the CLI passes the project's
-    settings: sandloop.toml < SANDLOOP_* < its flags)."""
+    settings: sandloop.toml < SANDLOOP_* < its flags). ``episode_db``: where episodes are
+    recorded (None: in ``db``, else not at all; ``record_episodes=False``: nowhere)."""
     import uvicorn
 
     from sandloop.server.app import create_app
@@ -85,6 +88,7 @@ def serve_command(
                           max_sessions_per_key=max_sessions_per_key,
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
                           public_metrics=public_metrics, rollout_log=rollout_log,
+                          episode_db=episode_db, record_episodes=record_episodes,
                           ray_address=ray_address,
                           max_batch=ServerConfig.max_batch if max_batch is None else max_batch,
                           max_time_s=ServerConfig.max_time_s if max_time_s is None else max_time_s,

@@ -38,6 +38,11 @@ class ServerConfig:
     journal: Path | None = None  # durable jobs: accepted work survives a restart
     db: Path | None = None  # score results store (reused across requests and restarts)
     rollout_log: Path | None = None  # SQLite log of scored rollouts that came with a step
+    # Where episodes are recorded (tool calls, observations, rewards) for `sandloop episodes`;
+    # None: in ``db`` if given, else not recorded (`sandloop serve` defaults to the project's
+    # result store).
+    episode_db: Path | None = None
+    record_episodes: bool = True  # False: record none, wherever ``db`` is
     task_sets: tuple[str, ...] = ("humaneval",)
     max_body_bytes: int = 16 << 20
     max_batch: int = _PROJECT["max_batch"].default

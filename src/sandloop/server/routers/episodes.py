@@ -56,7 +56,7 @@ def episodes_router(config: ServerConfig) -> APIRouter:
     episodes: dict[str, tuple[Episode, str]] = {}
     sets: dict[str, dict[str, RepoTask]] = {}
     lock = asyncio.Lock()
-    log: list[EpisodeLog] = []  # opened on first use (the file is config.db)
+    log: list[EpisodeLog] = []  # opened on first use (config.episode_db, else config.db)
 
     async def task_of(name: str, task_id: str) -> RepoTask:
         if name not in config.task_sets:
@@ -97,9 +97,10 @@ def episodes_router(config: ServerConfig) -> APIRouter:
         if live >= cap:
             raise Refused(429, f"key {pol.id!r} already has {live} unfinished episodes (at most "
                                f"{cap}); submit or DELETE /v1/episodes/ID")
-        if config.db is not None and not log:
-            config.db.parent.mkdir(parents=True, exist_ok=True)
-            log.append(EpisodeLog(config.db))
+        where = config.episode_db if config.episode_db is not None else config.db
+        if where is not None and config.record_episodes and not log:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            log.append(EpisodeLog(where))
         cfg = EpisodeConfig(client=pol.id, max_turns=body.max_turns or EpisodeConfig.max_turns)
         ep = Episode(engine, task, cfg, log=log[0] if log else None)
         with quota.charge(1):  # the reset writes the snapshot in the sandbox: one run
