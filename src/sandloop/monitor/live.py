@@ -21,7 +21,7 @@ from sandloop.monitor.capture import rollouts_of
 from sandloop.monitor.detectors import ALERT_CODES, Alert, Thresholds
 from sandloop.monitor.records import Rollout
 from sandloop.monitor.rolloutlog import RolloutLog
-from sandloop.monitor.stats import StepStats
+from sandloop.monitor.stats import Scanner, StepStats
 from sandloop.reward.verifier import CompletionResult
 
 __all__ = ["LiveMonitor", "MonitorMetrics"]
@@ -76,7 +76,11 @@ class LiveMonitor:
     """Thread-safe: handlers record from the event loop, readers poll from anywhere."""
 
     def __init__(self, registry: CollectorRegistry | None = None, *,
-                 log_path: Path | None = None, thresholds: Thresholds | None = None) -> None:
+                 log_path: Path | None = None, thresholds: Thresholds | None = None,
+                 scanner: Scanner | None = None) -> None:
+        """``scanner``: finds hack signatures (a ``signatures.TaskScanner`` over the tasks
+        the service knows, so that ``hardcoded_outputs`` sees their tests; None: ``scan``)."""
+        self.scanner = scanner
         self.metrics = MonitorMetrics(registry) if registry is not None else None
         self.log = RolloutLog(log_path) if log_path is not None else None
         self.thresholds = thresholds
@@ -92,7 +96,7 @@ class LiveMonitor:
             if len(self._runs) >= MAX_RUNS:
                 del self._runs[next(iter(self._runs))]
             m = self.metrics
-            mon = Monitor(self.thresholds, lag=1,
+            mon = Monitor(self.thresholds, lag=1, scanner=self.scanner,
                           on_step=(lambda s: m.on_step(run, s)) if m else None,
                           on_alert=(lambda a: m.on_alert(run, a)) if m else None)
             self._runs[run] = mon

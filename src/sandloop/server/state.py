@@ -7,6 +7,7 @@ import asyncio
 from sandloop.curation.sampler import TaskSampler
 from sandloop.engine import Engine, EngineClosed, Session
 from sandloop.monitor.live import LiveMonitor
+from sandloop.monitor.signatures import TaskScanner
 from sandloop.sandbox.models import ExecResult, Limits, Status
 from sandloop.server.auth import KeyStore
 from sandloop.server.config import ServerConfig
@@ -40,7 +41,11 @@ class ServerState:
         self.task_lock = asyncio.Lock()
         self.store: ResultStore | None = None
         self.resume_task: asyncio.Task[None] | None = None
-        self.monitor = LiveMonitor(self.metrics.registry, log_path=config.rollout_log)
+        # Every served task loaded so far, for the monitor's task-aware hack signature (a
+        # completion that answers a test's literal inputs with its expected output).
+        self.known_tasks: dict[str, Task] = {}
+        self.monitor = LiveMonitor(self.metrics.registry, log_path=config.rollout_log,
+                                   scanner=TaskScanner(self.known_tasks))
 
     def running_engine(self) -> Engine:
         """The engine, or EngineClosed (503) while the server starts or drains."""
@@ -92,6 +97,7 @@ class ServerState:
             for n in names:
                 if n not in self.task_sets:
                     self.task_sets[n] = {t.id: t for t in await asyncio.to_thread(load_tasks, n)}
+                    self.known_tasks.update(self.task_sets[n])
         merged: dict[str, Task] = {}
         for n in names:
             merged.update(self.task_sets[n])

@@ -31,6 +31,9 @@ async def rollouts(key: Key, state: StateDep, body: RolloutsBody) -> dict[str, A
     except LogFormatError as e:  # the caller's input here, not a log file of the server's
         raise RequestError(str(e)) from None
     given = [Alert(a.code, a.step, a.detail, a.evidence, "client") for a in body.alerts]
+    # The served task sets, loaded once: the detectors then know their tests (rollouts of
+    # other tasks get the task-blind signatures).
+    await state.tasks_for(None)
     raised = state.monitor.record_rollouts(parsed, body.run_id, alerts=given,
                                            final=body.final)
     return {"recorded": len(parsed), "alerts": [a.to_dict() for a in raised]}
