@@ -186,3 +186,36 @@ def test_the_server_monitor_knows_its_task_sets_tests(server: LiveServer) -> Non
     sig = [a for a in alerts if "hack signatures" in str(a["detail"])]
     assert sig and 8 <= int(str(sig[0]["step"])) < 18, alerts
     assert "hardcoded_outputs" in str(sig[0]["detail"]), sig
+
+
+def test_posted_rollouts_are_audited_on_the_hidden_tests(server: LiveServer) -> None:
+    """A trainer that pays 1.0 for an ``os._exit`` hack posts its rollouts; the server re-scores
+    a sample on HumanEval/0's hidden tests (flagged completions first) and raises an audit
+    alert, which the run's next request returns and the dashboard shows."""
+    rows = [{"step": step, "task_id": "HumanEval/0", "reward": 1.0, "group": str(step),
+             "completion": (HACK if step >= 4 and k < 5 else HONEST["HumanEval/0"])
+             + f"# {step}.{k}\n"}
+            for step in range(8) for k in range(10)]
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for step in range(8):
+            r = c.post("/v1/monitor/rollouts", json={
+                "run_id": "paid", "rollouts": [x for x in rows if x["step"] == step]})
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 120
+        audit: list[dict[str, object]] = []
+        while not audit and time.monotonic() < deadline:
+            time.sleep(0.5)
+            data = c.get("/dashboard/data", params={"run": "paid"}).json()
+            audit = [a for a in data["alerts"] if str(a["detail"]).startswith("audit:")]
+        assert audit, data["alerts"]
+        assert audit[0]["code"] == "reward_hack_suspected" and int(str(audit[0]["step"])) >= 4
+        ev = audit[0]["evidence"][0]  # type: ignore[index]
+        assert ev["train_reward"] == 1.0 and ev["audit_reward"] == 0.0, ev
+        # The same alerts come back with the run's next request, once.
+        r = c.post("/v1/monitor/rollouts", json={"run_id": "paid", "rollouts": [],
+                                                 "final": True})
+        back = [a for a in r.json()["alerts"] if str(a["detail"]).startswith("audit:")]
+        assert back and back[0]["step"] == audit[0]["step"], r.json()
+        metrics = c.get("/metrics").text
+        audited = re.search(r"^sandloop_monitor_audits_total ([0-9.]+)$", metrics, re.M)
+        assert audited and 1 <= float(audited.group(1)) <= 8, metrics[-2000:]  # <= 10% of 80

@@ -341,6 +341,10 @@ def serve(
                              "default: --db, else the project's result store.")] = None,
     no_episode_log: Annotated[bool, typer.Option(
         "--no-episode-log", help="Do not record episodes.")] = False,
+    audit_share: Annotated[float, typer.Option(
+        "--audit-share", min=0.0, max=1.0,
+        help="Share of the rollouts posted to /v1/monitor/rollouts re-scored on their "
+             "served task's hidden tests (0: no live audit).")] = 0.1,
 ) -> None:
     """The HTTP service: native API, SandboxFusion /run_code, OpenRLHF /get_reward, /metrics.
 
@@ -366,7 +370,8 @@ def serve(
                       max_time_s=project.max_time_s if max_time_s is None else max_time_s,
                       max_memory_mb=(project.max_memory_mb if max_memory_mb is None
                                      else max_memory_mb),
-                      episode_db=episode_db, record_episodes=not no_episode_log)
+                      episode_db=episode_db, record_episodes=not no_episode_log,
+                      audit_share=audit_share)
     except (ValueError, KeysFileError, UsageLedgerError, RolloutLogError) as e:
         _error(str(e))
         raise typer.Exit(ExitCode.BAD_INPUT) from None

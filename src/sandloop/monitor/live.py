@@ -5,12 +5,21 @@ each run (``run_id``) has its own streaming ``Monitor`` (``lag=1``: a trainer's 
 step may still be in flight when the next step's first one arrives). Completed steps update the
 Prometheus gauges and the dashboard's data; rollouts go to the SQLite rollout log when one is
 configured.
+
+Rollouts scored elsewhere (posted by a trainer with its own rewards) can also be audited live:
+``audit_pick`` draws, per request, the distinct high-reward completions of known tasks that the
+audit budget allows (``audit_share`` of the run's rollouts so far, signature-flagged ones
+first); the caller scores them on the hidden tests and hands the outcomes to ``audit_done``,
+whose alerts join the run's (and are returned by its next ``record_rollouts``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +27,38 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sandloop.monitor.analysis import Monitor
 from sandloop.monitor.capture import rollouts_of
-from sandloop.monitor.detectors import ALERT_CODES, Alert, Thresholds
+from sandloop.monitor.detectors import (
+    ALERT_CODES,
+    Alert,
+    AuditOutcome,
+    Thresholds,
+    detect_audit_failures,
+)
 from sandloop.monitor.records import Rollout
 from sandloop.monitor.rolloutlog import RolloutLog
+from sandloop.monitor.signatures import scan_cached
 from sandloop.monitor.stats import Scanner, StepStats
 from sandloop.reward.verifier import CompletionResult
 
 __all__ = ["LiveMonitor", "MonitorMetrics"]
 
 MAX_RUNS = 64  # runs kept in memory (oldest dropped): the dashboard is for runs in progress
+
+
+@dataclass
+class _RunAudit:
+    """A run's live audit: its budget so far and the outcomes per step."""
+
+    seed: str
+    seen: int = 0
+    picked: int = 0
+    keys: set[tuple[str, str]] = field(default_factory=set)  # (task, sha256) picked already
+    outcomes: dict[int, list[AuditOutcome]] = field(default_factory=dict)
+    alerted: set[int] = field(default_factory=set)  # steps an audit alert was raised for
+    pending: list[Alert] = field(default_factory=list)  # for the run's next record_rollouts
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
 
 
 class MonitorMetrics:
@@ -77,10 +109,15 @@ class LiveMonitor:
 
     def __init__(self, registry: CollectorRegistry | None = None, *,
                  log_path: Path | None = None, thresholds: Thresholds | None = None,
-                 scanner: Scanner | None = None) -> None:
+                 scanner: Scanner | None = None, audit_share: float = 0.1) -> None:
         """``scanner``: finds hack signatures (a ``signatures.TaskScanner`` over the tasks
-        the service knows, so that ``hardcoded_outputs`` sees their tests; None: ``scan``)."""
+        the service knows, so that ``hardcoded_outputs`` sees their tests; None: ``scan``).
+        ``audit_share``: the most of a run's rollouts ``audit_pick`` hands out (0: none)."""
+        if not 0.0 <= audit_share <= 1.0:
+            raise ValueError(f"audit_share {audit_share} must be within [0, 1]")
         self.scanner = scanner
+        self.audit_share = audit_share
+        self._audits: dict[str, _RunAudit] = {}
         self.metrics = MonitorMetrics(registry) if registry is not None else None
         self.log = RolloutLog(log_path) if log_path is not None else None
         self.thresholds = thresholds
@@ -94,7 +131,9 @@ class LiveMonitor:
         mon = self._runs.get(run)
         if mon is None:
             if len(self._runs) >= MAX_RUNS:
-                del self._runs[next(iter(self._runs))]
+                oldest = next(iter(self._runs))
+                del self._runs[oldest]
+                self._audits.pop(oldest, None)
             m = self.metrics
             mon = Monitor(self.thresholds, lag=1, scanner=self.scanner,
                           on_step=(lambda s: m.on_step(run, s)) if m else None,
@@ -140,7 +179,70 @@ class LiveMonitor:
                     if r.reward is not None:
                         self.metrics.rewards.labels(run).observe(r.reward)
             raised = mon.add_many(rollouts)
-            return raised + mon.flush() if final else raised
+            if final:
+                raised += mon.flush()
+            audit = self._audits.get(run)
+            if audit is not None and audit.pending:
+                raised, audit.pending = audit.pending + raised, []
+            return raised
+
+    def audit_pick(self, rollouts: Sequence[Rollout], run_id: str | None,
+                   known: Container[str]) -> list[Rollout]:
+        """The rollouts of one request to audit now: distinct completions rewarded at least
+        ``thresholds.audit_high`` whose task is in ``known``, within the run's budget
+        (``audit_share`` of all its rollouts so far, less those already picked),
+        signature-flagged first, the rest drawn at random (seeded by the run's name)."""
+        run = run_id or "default"
+        th = self.thresholds or Thresholds()
+        with self._lock:
+            st = self._audits.get(run)
+            if st is None:
+                st = self._audits[run] = _RunAudit(run)
+            st.seen += len(rollouts)
+            budget = int(self.audit_share * st.seen) - st.picked
+            if budget <= 0:
+                return []
+            flagged: list[tuple[tuple[str, str], Rollout]] = []
+            plain: list[tuple[tuple[str, str], Rollout]] = []
+            keys: set[tuple[str, str]] = set()
+            for r in rollouts:
+                if r.reward is None or r.reward < th.audit_high or r.task_id not in known:
+                    continue
+                key = (r.task_id, hashlib.sha256(r.completion.encode()).hexdigest())
+                if key in st.keys or key in keys:
+                    continue
+                keys.add(key)
+                found = (self.scanner(r.task_id, r.completion) if self.scanner is not None
+                         else scan_cached(r.completion))
+                (flagged if found else plain).append((key, r))
+            st.rng.shuffle(plain)
+            chosen = (flagged + plain)[:budget]
+            st.picked += len(chosen)
+            st.keys.update(k for k, _ in chosen)
+            return [r for _, r in chosen]
+
+    def audit_done(self, outcomes: Sequence[AuditOutcome], run_id: str | None) -> list[Alert]:
+        """Outcomes of audits ``audit_pick`` handed out: the alerts they raise (at most one
+        per step), added to the run's alerts and returned by its next ``record_rollouts``."""
+        run = run_id or "default"
+        th = self.thresholds or Thresholds()
+        with self._lock:
+            st = self._audits.get(run)
+            if st is None:  # the run was dropped meanwhile
+                return []
+            for o in outcomes:
+                st.outcomes.setdefault(o.step, []).append(o)
+            steps = {o.step for o in outcomes} - st.alerted
+            alerts = detect_audit_failures(
+                [o for s in sorted(steps) for o in st.outcomes[s]], th)
+            mon = self._monitor(run)
+            for a in alerts:
+                st.alerted.add(a.step)
+                mon.alerts.append(a)
+                if self.metrics is not None:
+                    self.metrics.on_alert(run, a)
+            st.pending += alerts
+            return alerts
 
     def snapshot(self, run: str | None = None, since: int = -1) -> dict[str, Any]:
         """The dashboard's data: the runs, and for ``run`` (default: the latest) its steps

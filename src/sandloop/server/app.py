@@ -115,6 +115,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("shutting down: finishing in-flight work")
         if st.resume_task is not None:
             st.resume_task.cancel()
+        for task in list(st.background):  # live audits: the rollouts are recorded already
+            task.cancel()
+        await asyncio.gather(*st.background, return_exceptions=True)
         await engine.close()
         if st.store is not None:
             st.store.close()

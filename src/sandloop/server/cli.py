@@ -59,6 +59,7 @@ def serve_command(
     max_memory_mb: int | None = None,
     episode_db: Path | None = None,
     record_episodes: bool = True,
+    audit_share: float = 0.1,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests (up to
     ``ServerConfig.graceful_shutdown_s``) and close the engine. Every setting is checked before
@@ -69,7 +70,8 @@ def serve_command(
     ``rollout_log`` is not a usable SQLite rollout log. ``max_batch``, ``max_time_s`` and
     ``max_memory_mb``: None takes ServerConfig's default (the CLI passes the project's
     settings: sandloop.toml < SANDLOOP_* < its flags). ``episode_db``: where episodes are
-    recorded (None: in ``db``, else not at all; ``record_episodes=False``: nowhere)."""
+    recorded (None: in ``db``, else not at all; ``record_episodes=False``: nowhere). ``audit_share``: the share of posted rollouts
+    re-scored on their hidden tests (0: none)."""
     import uvicorn
 
     from sandloop.server.app import create_app
@@ -89,6 +91,7 @@ def serve_command(
                           session_memory_mb=session_memory_mb, public_docs=public_docs,
                           public_metrics=public_metrics, rollout_log=rollout_log,
                           episode_db=episode_db, record_episodes=record_episodes,
+                          audit_share=audit_share,
                           ray_address=ray_address,
                           max_batch=ServerConfig.max_batch if max_batch is None else max_batch,
                           max_time_s=ServerConfig.max_time_s if max_time_s is None else max_time_s,

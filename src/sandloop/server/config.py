@@ -43,6 +43,9 @@ class ServerConfig:
     # result store).
     episode_db: Path | None = None
     record_episodes: bool = True  # False: record none, wherever ``db`` is
+    # Rollouts posted to /v1/monitor/rollouts: the share of them re-scored on the hidden tests
+    # (high-reward completions of served tasks; 0: no live audit).
+    audit_share: float = 0.1
     task_sets: tuple[str, ...] = ("humaneval",)
     max_body_bytes: int = 16 << 20
     max_batch: int = _PROJECT["max_batch"].default
@@ -65,7 +68,8 @@ class ServerConfig:
 
 # Settings that must be positive (a size or count of zero would refuse every request) and those
 # that may be zero. New numeric fields of ServerConfig are checked by their type (see below).
-_MAY_BE_ZERO = frozenset({"max_sessions", "max_sessions_per_key", "graceful_shutdown_s"})
+_MAY_BE_ZERO = frozenset({"max_sessions", "max_sessions_per_key", "graceful_shutdown_s",
+                          "audit_share"})
 
 
 def check_config(config: ServerConfig) -> None:
@@ -86,6 +90,8 @@ def check_config(config: ServerConfig) -> None:
         floor = 0 if f.name in _MAY_BE_ZERO else 1e-9
         if value < floor:
             raise ConfigError(f"{f.name}={value} must be {'>= 0' if floor == 0 else '> 0'}")
+    if config.audit_share > 1:
+        raise ConfigError(f"audit_share={config.audit_share} must be within [0, 1]")
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every request: clients are few, parsing is not free

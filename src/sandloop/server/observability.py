@@ -198,6 +198,9 @@ class Metrics:
                                       "results that are sandbox_error (infrastructure)",
                                       registry=r)
         self.refused = Counter("sandloop_refused", "requests refused", ["reason"], registry=r)
+        self.audits = Counter("sandloop_monitor_audits",
+                              "posted rollouts re-scored on their hidden tests (live audit)",
+                              registry=r)
         r.register(_EngineCollector(engine))
 
 

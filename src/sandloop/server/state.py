@@ -45,7 +45,9 @@ class ServerState:
         # completion that answers a test's literal inputs with its expected output).
         self.known_tasks: dict[str, Task] = {}
         self.monitor = LiveMonitor(self.metrics.registry, log_path=config.rollout_log,
-                                   scanner=TaskScanner(self.known_tasks))
+                                   scanner=TaskScanner(self.known_tasks),
+                                   audit_share=config.audit_share)
+        self.background: set[asyncio.Task[None]] = set()  # live audits in progress
 
     def running_engine(self) -> Engine:
         """The engine, or EngineClosed (503) while the server starts or drains."""
