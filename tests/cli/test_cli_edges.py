@@ -346,3 +346,27 @@ def test_preload_checks_the_environment_not_the_supervisor() -> None:
     assert check_preload(["json", "unittest"]) == ["json", "unittest"]
     with pytest.raises(typer.BadParameter, match="fastapi, pydantic: no such module"):
         check_preload(["json", "fastapi", "pydantic"])
+
+
+@pytest.mark.parametrize("args", [["tasks", "show", "humaneval", "HumanEval/0"],
+                                  ["tasks", "ls", "humaneval"],
+                                  ["exec-batch", str(ROOT / "examples" / "demo_batch.jsonl")]],
+                         ids=["rich_show", "plain_ls", "exec_batch"])
+def test_a_reader_that_stops_early_is_not_a_failure(args: list[str]) -> None:
+    # `sandloop ... | head -1`: the reader closes the pipe after one line. rich and typer turn
+    # the broken pipe into exit 1 ("the work found failures") unless sandloop says otherwise.
+    proc = subprocess.Popen([*SANDLOOP, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 0, err
+    assert "Traceback" not in err and "error" not in err, err
+
+
+def test_a_failing_program_with_stdout_to_dev_null_still_exits_1(tmp_path: Path) -> None:
+    prog = tmp_path / "fail.py"
+    prog.write_text("import sys\nsys.exit(1)\n")
+    with open(os.devnull, "w") as null:
+        r = subprocess.run([*SANDLOOP, "exec", str(prog)], stdout=null, timeout=120)
+    assert r.returncode == 1

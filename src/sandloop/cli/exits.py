@@ -10,11 +10,15 @@ A script or CI job running sandloop tells outcomes apart by the exit code alone:
 ====  =====================================================================================
 
 Every error is one line on stderr naming the input, the field and the problem; ``--verbose``
-adds the traceback for errors that are sandloop's own fault.
+adds the traceback for errors that are sandloop's own fault. A command whose stdout's reader
+goes away (``sandloop tasks list humaneval | head -1``) stops quietly with 0: the reader had
+what it wanted.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -51,6 +55,43 @@ def print_error(message: object) -> None:
     sys.stderr.flush()
 
 
+def _stdout_id() -> tuple[int, int] | None:
+    try:
+        st = os.fstat(sys.__stdout__.fileno())  # type: ignore[union-attr]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stdout_closed(before: tuple[int, int] | None = None) -> bool:
+    """Whether stdout's reader has gone: a pipe whose reader closed it (poll reports an error
+    on the write end), or — ``before`` being what stdout was when the command started — a
+    stdout that has been swapped for /dev/null since (rich does that on a broken pipe, then
+    exits 1). A BrokenPipeError, or an exit 1 after one, then means ``| head`` had enough,
+    not that anything failed."""
+    try:
+        p = select.poll()
+        p.register(sys.__stdout__.fileno(), select.POLLOUT)  # type: ignore[union-attr]
+        if any(ev & select.POLLERR for _, ev in p.poll(0)):
+            return True
+        null = os.stat(os.devnull)
+    except (OSError, ValueError, AttributeError):
+        return False
+    now = _stdout_id()
+    return before is not None and now != before and now == (null.st_dev, null.st_ino)
+
+
+def _reader_gone() -> int:
+    # Nothing more reaches stdout (the interpreter's own flush at exit would raise again).
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())  # type: ignore[union-attr]
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return ExitCode.OK
+
+
 def _click_exceptions() -> Any:
     """click's exception classes as typer raises them: typer >= 0.20 vendors its own click."""
     import importlib
@@ -73,6 +114,7 @@ def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
     click = _click_exceptions()
 
     args = list(sys.argv[1:] if argv is None else argv)
+    stdout_was = _stdout_id()
 
     def invoke() -> int:
         try:
@@ -87,6 +129,10 @@ def run_guarded(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
         except typer.Abort:
             print_error("aborted")
             return 130
+        except SystemExit as e:  # typer and rich turn a broken pipe into exit 1 themselves
+            if e.code == 1 and stdout_closed(stdout_was):
+                return _reader_gone()
+            raise
         return int(rv) if isinstance(rv, int) else ExitCode.OK
 
     return guarded(invoke)
@@ -98,6 +144,11 @@ def guarded(work: Callable[[], int]) -> int:
 
     try:
         return work()
+    except BrokenPipeError:
+        if stdout_closed():
+            return _reader_gone()
+        print_error("BrokenPipeError: a pipe sandloop was writing to closed")
+        return ExitCode.INFRASTRUCTURE
     except (InputError, UnicodeDecodeError) as e:
         # Raised by a command that did not catch its own input error: still the caller's input.
         print_error(str(e))
