@@ -29,6 +29,13 @@ PUBLIC = {
         "CompletionResult", "RewardConfig", "Runner", "ScoreSummary", "TestOutcome", "Verdict",
         "Verifier", "completion_hash", "output_equal", "overall_verdict", "pass_at_k",
         "shape_reward", "summarize", "values_equal"],
+    "sandloop.sandbox": [
+        "BatchRequestError", "CgroupError", "ExecRequest", "ExecResult", "Graph", "GraphResult",
+        "Input", "Isolation", "IsolationUnavailable", "LanguageUnavailable", "Limits", "Node",
+        "NodeResult", "NodeState", "Program", "ProgramInputError", "SandboxPool", "SlotBroken",
+        "Status", "Workspace", "WorkspaceFull", "WorkspaceLost", "WorkspaceWriteError",
+        "canonical_language", "check_relative_path", "run", "run_batch", "spec_for",
+        "workspace_mb"],
     "sandloop.store": ["ResultKey", "ResultStore", "StoreError"],
     "sandloop.integrations": ["LabelError", "ScoreItem", "Scorer", "resolve_task"],
     "sandloop.server": ["KeyStore", "ServerConfig", "add_key", "check_bind", "create_app",
@@ -68,7 +75,7 @@ def test_importing_the_package_is_cheap() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, sandloop; heavy = [m for m in ('pydantic', 'sandloop.engine', "
+    code = ("import sys, sandloop, sandloop.sandbox; heavy = [m for m in ('pydantic', 'sandloop.engine', "
             "'sandloop.sandbox.pool', 'asyncio') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
