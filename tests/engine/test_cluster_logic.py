@@ -123,6 +123,15 @@ async def test_a_session_is_pinned_to_its_node_and_lost_with_it() -> None:
         assert (await eng.run(Program(source="y"))).stdout == ""  # other nodes carry on
 
 
+async def test_a_session_opened_with_files_on_a_node_starts_from_them() -> None:
+    # Nodes share no copy-on-write bases: the files are copied into the node's workspace.
+    nodes = ScriptedNodes(nodes=2)
+    async with Engine(ClusterBackend(nodes, refresh_s=0.05, min_nodes=2)) as eng:
+        files = {"README.md": b"hello\n", "pkg/a.py": b"X = 1\n"}
+        async with eng.session(files=files) as s:
+            assert await s.read_files(list(files)) == files
+
+
 async def test_a_node_that_cannot_isolate_gets_no_work() -> None:
     nodes = ScriptedNodes(nodes=0)
     bad = nodes.add(isolation="unavailable")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,16 @@ def serve_process(port: int, *args: str, cwd: Path | None = None,
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("the server did not become ready")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 30) -> None:
+    """SIGTERM ``proc``'s process group (a graceful shutdown), SIGKILL it after ``grace_s``."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 # -- the sandbox processes of one server ---------------------------------------------------------

@@ -136,11 +136,10 @@ def test_serve_records_episodes_in_the_projects_store_by_default(
     # `sandloop serve` with no --db still records every episode (in the project's result
     # store, under XDG_CACHE_HOME), and `sandloop episodes list` finds them there unasked.
     import os
-    import signal
     import subprocess
     import sys
 
-    from live import free_port, serve_process
+    from live import free_port, serve_process, stop_process
 
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     port = free_port()
@@ -154,11 +153,7 @@ def test_serve_records_episodes_in_the_projects_store_by_default(
             r = c.post(f"/v1/episodes/{eid}/call", json={"tool": "submit", "arguments": {}})
             assert r.json()["done"] is True, r.text
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_process(server)
     listed = subprocess.run([sys.executable, "-m", "sandloop", "episodes", "list"],
                             capture_output=True, text=True, timeout=60, cwd=tmp_path,
                             env={**os.environ, **env})

@@ -5,13 +5,12 @@ process, started in a project directory, refuses what is over the limits it was 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
-from live import free_port, serve_process
+from live import free_port, serve_process, stop_process
 
 from sandloop.server import ServerConfig
 from sandloop.settings import Settings
@@ -40,11 +39,7 @@ def test_limits_come_from_file_env_and_flags(tmp_path: Path) -> None:
             assert r.status_code == 400 and "at most 100" in r.json()["error"], r.text
             assert c.post("/v1/run", json=prog).json()["status"] == "ok"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_process(server)
 
 
 def test_bad_project_limits_stop_serve_before_it_starts(tmp_path: Path) -> None:

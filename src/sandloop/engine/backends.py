@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandloop.sandbox.languages import spec_for
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.sandbox.pool import SandboxPool, WorkspaceLost
 
 __all__ = ["Backend", "Capacity", "ElasticBackend", "Executor", "LocalBackend", "WorkspaceLost",
-           "Workspaces", "declared_memory_mb"]
+           "Workspaces", "copy_base_in", "declared_memory_mb"]
 
 _COMPILED: dict[str, bool] = {}
+_W = TypeVar("_W")
 
 
 def declared_memory_mb(program: Program, limits: Limits) -> int:
@@ -33,6 +34,20 @@ def declared_memory_mb(program: Program, limits: Limits) -> int:
             compiled = False
         _COMPILED[program.language] = compiled
     return max(limits.memory_mb, limits.compile_memory_limit_mb) if compiled else limits.memory_mb
+
+
+async def copy_base_in(backend: Workspaces, workspace: _W,
+                       base: Mapping[str, bytes] | None) -> _W:
+    """``workspace`` with ``base`` written in, for backends with no copy-on-write bases
+    (remote nodes: the files go over the wire); a workspace the files do not fit is closed
+    before the error propagates, so that a failed open holds nothing."""
+    if base:
+        try:
+            await backend.write_files(workspace, base)
+        except BaseException:
+            await backend.close_workspace(workspace)
+            raise
+    return workspace
 
 
 @runtime_checkable

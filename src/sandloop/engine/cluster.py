@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandloop.engine.backends import Capacity, WorkspaceLost, declared_memory_mb
+from sandloop.engine.backends import Capacity, WorkspaceLost, copy_base_in, declared_memory_mb
 from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
@@ -332,14 +332,8 @@ class ClusterBackend:
         except NodeLost as e:
             self._lose(node, str(e))
             raise WorkspaceLost(f"node {node.info.node_id[:12]} was lost: {e}") from e
-        ws = ClusterWorkspace(node.info.node_id, handle)
-        if base:  # copied in: nodes share no copy-on-write bases (yet)
-            try:
-                await self.write_files(ws, base)
-            except BaseException:
-                await self.close_workspace(ws)
-                raise
-        return ws
+        # Copied in: nodes share no copy-on-write bases (yet).
+        return await copy_base_in(self, ClusterWorkspace(node.info.node_id, handle), base)
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         node = self._pinned(workspace)

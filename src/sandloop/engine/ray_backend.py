@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from sandloop.engine.backends import copy_base_in
 from sandloop.engine.cluster import (
     RATE_WINDOW_S,
     ClusterBackend,
@@ -366,13 +367,7 @@ class _RayNodeClient:
     async def open_workspace(self, limits: Limits, *, environment: str | None = None,
                              base: Mapping[str, bytes] | None = None) -> Any:
         ws = await self._call("open_workspace", limits, environment)
-        if base:  # copied in, over the wire
-            try:
-                await self.write_files(ws, base)
-            except BaseException:
-                await self.close_workspace(ws)
-                raise
-        return ws
+        return await copy_base_in(self, ws, base)  # copied in, over the wire
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
         program, shipped = self._shipper.split(program)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sandloop.engine.backends import Backend, WorkspaceLost
+from sandloop.engine.backends import Backend, WorkspaceLost, copy_base_in
 from sandloop.engine.cluster import NodeInfo, NodeLost
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
@@ -111,9 +111,7 @@ class ScriptedBackend:
                              base: Mapping[str, bytes] | None = None) -> ScriptedWorkspace:
         ws = ScriptedWorkspace(limits)
         self.workspaces.append(ws)
-        if base:
-            await self.write_files(ws, base)
-        return ws
+        return await copy_base_in(self, ws, base)
 
     def _live(self, workspace: object) -> ScriptedWorkspace:
         if not isinstance(workspace, ScriptedWorkspace):
