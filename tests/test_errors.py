@@ -16,6 +16,7 @@ INTERNAL = {
     "sandloop.reward.sandbox_harness.CandidateError",
     "sandloop.reward.sandbox_harness.WorkerLost",
     "sandloop.reward.sandbox_harness.TestTimeout",
+    "sandloop.sandbox.slot.CowUnavailable",
     "sandloop.sandbox.zygote.syscalls.SetupError",
     "sandloop.sandbox.zygote.server.SpareGone",
     "sandloop.sandbox.zygote.child.FilesError",
