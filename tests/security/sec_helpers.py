@@ -233,6 +233,8 @@ VOLATILE_SYSCTLS = frozenset({
     "fs/dentry-state", "fs/file-nr", "fs/inode-nr", "fs/inode-state", "fs/aio-nr",
     "fs/dquot-nr", "net/netfilter/nf_conntrack_count",
 })
+# Whole trees of read-only statistics (fs/quota/syncs counts the host's sync() calls).
+VOLATILE_SYSCTL_TREES = ("fs/quota/",)
 HOST_FILES = ("/etc/hostname", "/etc/hosts", "/etc/passwd", "/etc/group", "/etc/shadow",
               "/etc/resolv.conf", "/proc/net/route", "/proc/net/ipv6_route")
 
@@ -246,7 +248,7 @@ def host_global_state() -> dict[str, str]:
             for name in files:
                 path = os.path.join(dirpath, name)
                 key = path.removeprefix("/proc/sys/")
-                if key in VOLATILE_SYSCTLS:
+                if key in VOLATILE_SYSCTLS or key.startswith(VOLATILE_SYSCTL_TREES):
                     continue
                 try:
                     with open(path, "rb") as f:
