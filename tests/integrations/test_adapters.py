@@ -155,3 +155,15 @@ def test_server_and_adapters_log_the_same_figures(server: LiveServer, monkeypatc
     for key, values in http["extra_logs"].items():
         assert metrics[f"sandloop/{key}"] == pytest.approx(sum(values) / len(values)), key
     assert metrics["sandloop/infra_failures"] == 0.0
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    (None, 1.0), ("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("1e9", 30.0), ("nan", 1.0),
+    ("inf", 1.0), ("Wed, 21 Oct 2026 07:28:00 GMT", 1.0),
+])
+def test_retry_after_is_bounded_seconds(header: str | None, seconds: float) -> None:
+    # A server's Retry-After (or a proxy's HTTP-date one) never makes the client sleep for ever
+    # or crash on a header it cannot read.
+    from sandloop.integrations.scorer import _retry_after_s
+
+    assert _retry_after_s(header) == seconds

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,8 +165,11 @@ class Scorer:
             async with httpx.AsyncClient(timeout=self.request_timeout_s) as client:
                 for attempt in range(5):
                     resp = await client.post(url, json=body, headers=headers)
+                    # 429/503: the server refused admission (quota, full queue) and ran
+                    # nothing, so waiting as told is back-pressure, not a retry of a failed run
+                    # (those are the engine's alone, engine/retry.py).
                     if resp.status_code in (429, 503) and attempt < 4:
-                        await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+                        await asyncio.sleep(_retry_after_s(resp.headers.get("Retry-After")))
                         continue
                     break
         except httpx.HTTPError as e:
@@ -248,3 +252,13 @@ class Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _retry_after_s(header: str | None) -> float:
+    """Seconds to wait from a Retry-After header: its delay-seconds form, bounded to [0, 30];
+    1 s when absent or in the HTTP-date form (sandloop's server sends seconds)."""
+    try:
+        seconds = float(header or "1")
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), 30.0) if math.isfinite(seconds) else 1.0
