@@ -5,9 +5,12 @@ then the dashboard in a real headless Chromium (skipped only when chromium is ab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +91,41 @@ def test_scores_with_a_step_are_monitored(server: LiveServer, tmp_path: Path) ->
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def _stop_browser(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the browser and every process it started (renderers, zygotes, utilities), then
+    wait until none is left: one still writing its profile made the profile's removal fail."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    deadline = time.monotonic() + 10
+    while _live_members(proc.pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"chromium's processes outlived SIGKILL: {_live_members(proc.pid)}")
+        if time.monotonic() > deadline - 5:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(1)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that are not zombies (a zombie holds no file open)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry))
+    return live
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed "
                                                "(make test installs it)")
 def test_dashboard_in_headless_chromium_shows_charts_and_an_alert(server: LiveServer) -> None:
@@ -100,8 +138,9 @@ def test_dashboard_in_headless_chromium_shows_charts_and_an_alert(server: LiveSe
         proc = subprocess.Popen(
             [str(CHROMIUM), "--headless=new", "--no-sandbox", "--disable-gpu",
              f"--remote-debugging-port={port}", f"--user-data-dir={profile}",
-             "--no-first-run", f"{server.url}/dashboard"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--no-first-run", "--disable-breakpad", "--disable-crash-reporter",
+             f"{server.url}/dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             async def page_eval() -> dict[str, object]:
                 async with aiohttp.ClientSession() as http:
@@ -159,8 +198,7 @@ def test_dashboard_in_headless_chromium_shows_charts_and_an_alert(server: LiveSe
 
             state = asyncio.run(page_eval())
         finally:
-            proc.terminate()
-            proc.wait(10)
+            _stop_browser(proc)
     assert "reward_hack_suspected" in state["alerts"], state  # type: ignore[operator]
     assert state["series"] == 2 and state["marks"] >= 1 and state["steps"] >= 9, state
 
