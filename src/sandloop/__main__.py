@@ -1,6 +1,6 @@
 """``python -m sandloop ...``: the same commands, exit codes and error lines as the script."""
 
-from sandloop.cli.main import main
+from sandloop.cli.main import script
 
 if __name__ == "__main__":
-    main()
+    script()

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,3 +214,50 @@ def test_version_without_typer(tmp_path: Path) -> None:
     assert ours.stdout == typers.stdout == f"sandloop {__version__}\n"
     code, modules = loaded(tmp_path, "--version")
     assert code == 0 and "typer" not in modules
+
+
+# -- the script's exit (cli/main.py: script) -----------------------------------------------------
+# The script with an atexit hook that says so when the interpreter's own tear-down runs.
+_SCRIPT = """
+import atexit, sys
+atexit.register(lambda: sys.stderr.write("<torn down>"))
+sys.argv = ["sandloop", *sys.argv[1:]]
+from sandloop.cli.main import script
+script()
+"""
+
+
+def _script(tmp_path: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _SCRIPT, *args], text=True, timeout=120,
+                          cwd=tmp_path,
+                          **({"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} | kw))
+
+
+@pytest.mark.parametrize(("source", "code", "out"), [("print(1)\n", 0, "1\n"),
+                                                     ("print(2); exit(3)\n", 1, "2\n")])
+def test_a_plain_exec_ends_without_the_tear_down(tmp_path: Path, source: str, code: int,
+                                                 out: str) -> None:
+    (tmp_path / "one.py").write_text(source)
+    p = _script(tmp_path, "exec", "--json", "one.py")
+    assert p.returncode == code, p.stderr
+    assert json.loads(p.stdout)["stdout"] == out  # the result was flushed before the exit
+    assert "<torn down>" not in p.stderr
+    # Where main() may still hold something (typer's commands), the interpreter ends as usual.
+    p = _script(tmp_path, "exec", "--time-limit", "0", "one.py")
+    assert p.returncode == 2 and p.stderr.endswith("<torn down>"), p.stderr
+
+
+def test_a_reader_gone_before_the_flush_ends_quietly(tmp_path: Path) -> None:
+    # stdout is a pipe whose reader has closed: the result, buffered, fails only at the flush,
+    # which the script now does itself. Like every other reader that stops early, a quiet 0
+    # (no "Exception ignored ... BrokenPipeError", no exit 120).
+    import os
+
+    (tmp_path / "one.py").write_text("print(1)\n")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = _script(tmp_path, "exec", "--json", "one.py", stdout=w, stderr=subprocess.PIPE)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (0, ""), p.stderr
