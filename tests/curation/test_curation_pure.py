@@ -167,3 +167,81 @@ def test_difficulty_bars_order_tiers_and_bin_numbers() -> None:
     assert difficulty_bars([1, 2, 2]) == [("1", 1), ("2", 2)]
     many = difficulty_bars([i / 100 for i in range(100)])
     assert len(many) == 10 and sum(n for _, n in many) == 100 and many[0][0] == "0-0.099"
+
+
+def test_degenerate_bodies_are_the_documented_ones() -> None:
+    # docs/curation.md: `pass`, `return None`/`0`/`1`/`''`/`[]`/`True`/`False`, the first
+    # argument unchanged, `sys.exit(0)` in the function or on import.
+    bodies = {d.name: d.completion.split("\n", 1)[1] for d in degenerate_completions(_task())}
+    assert set(bodies) == {"pass", "return_none", "return_0", "return_1", "return_empty_str",
+                           "return_empty_list", "return_true", "return_false", "identity",
+                           "exit0", "exit0_on_import"}
+    assert bodies["return_1"].strip() == "return 1"
+
+
+ZH = "给定一个整数列表\uff0c返回列表中所有偶数的和。如果列表为空\uff0c返回零。请注意负数也可能是偶数。"
+RU = ("Дан список целых чисел. Верните сумму всех чётных чисел списка. "
+      "Для пустого списка верните ноль.")
+EVEN = "def f(xs):\n    return sum(x for x in xs if x % 2 == 0)\n"
+
+
+@pytest.mark.parametrize("prompt", [ZH, RU], ids=["chinese", "russian"])
+def test_non_ascii_prompts_are_duplicates_and_contamination(prompt: str) -> None:
+    a = _task("a", prompt=prompt, ref=EVEN, entry_point="f", split="train")
+    b = _task("b", prompt=prompt, ref=EVEN, entry_point="f")
+    ms = near_duplicates([fingerprint(a), fingerprint(b)])
+    assert [(m.id, m.other, m.similarity) for m in ms] == [("b", "a", 1.0)]
+    # Different code, same prompt: only the prompt can show the leak.
+    c = _task("c", prompt=prompt, ref="def f(xs):\n    return 0\n", entry_point="f")
+    assert [m.id for m in contamination([fingerprint(c)], [fingerprint(a)])] == ["c"]
+
+
+def test_prompt_words_fold_case_and_split_spaceless_scripts() -> None:
+    from sandloop.curation.fingerprints import prompt_words
+
+    assert prompt_words("ЧИСЕЛ Straße café") == ["чисел", "strasse", "café"]
+    assert prompt_words("返回列表") == ["返", "回", "列", "表"]
+    assert prompt_words("x中y") == ["x", "中", "y"]
+    assert prompt_words("नमस्ते दुनिया") == ["नमस्ते", "दुनिया"]  # vowel signs stay in words
+    # An unrelated Chinese prompt shares no shingle with the one above.
+    other = _task("o", prompt="写一个函数\uff0c把字符串反转后返回\uff0c并且忽略所有空格字符。",
+                  ref=EVEN, entry_point="f")
+    assert near_duplicates([fingerprint(_task("z", prompt=ZH, ref=EVEN, entry_point="f")),
+                            fingerprint(other)]) == []
+
+
+def test_tiny_solutions_cannot_show_a_leak_but_long_ones_can() -> None:
+    add = _task("add", prompt="Return the arithmetic sum of the two integers a and b.",
+                ref="def add(a, b):\n    return a + b\n", entry_point="add", split="train")
+    concat = _task("concat", prompt="Join two strings: give back the first string followed "
+                   "immediately by the second one.", ref="def concat(s, t):\n    return s + t\n",
+                   entry_point="concat")
+    assert contamination([fingerprint(concat)], [fingerprint(add)]) == []
+    # Above the minimum (13 canonical tokens) a copied solution is still found.
+    renamed = REF.replace("xs", "values").replace("out", "res")
+    leaked = _task("leaked", prompt="Something else entirely, worded in another way.", ref=renamed)
+    ms = contamination([fingerprint(leaked)], [fingerprint(_task("train", split="train"))])
+    assert [(m.id, m.other, m.why) for m in ms] == [
+        ("leaked", "train", "100% of its solution 13-grams")]
+
+
+def test_a_same_id_task_elsewhere_is_another_task() -> None:
+    t = _task("t")
+    mine, theirs = fingerprint(t), fingerprint(t)
+    ms = contamination([mine], [theirs])
+    assert [(m.id, m.other, m.other_index) for m in ms] == [("t", "t", 0)]
+    assert contamination([mine], [mine]) == []  # never itself
+    dups = near_duplicates([theirs, mine], first_new=1)
+    assert [(m.id, m.other, m.other_index) for m in dups] == [("t", "t", 0)]
+    assert near_duplicates([mine]) == []
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_hash_seeds_outside_pythonhashseed_range_are_refused(seed: int) -> None:
+    from pydantic import ValidationError
+
+    from sandloop.curation.validate import ValidateConfig
+
+    with pytest.raises(ValidationError):
+        ValidateConfig(hash_seeds=(1, seed))
+    assert ValidateConfig(hash_seeds=(0, 2**32 - 1)).hash_seeds == (0, 2**32 - 1)

@@ -102,6 +102,12 @@ def test_livecodebench_functional_and_stdin(tmp_path: Path) -> None:
     assert s.hidden_tests[0].stdin == "5\n"  # decompressed private test
     train, ev = split_tasks([f, s], released_after="2024-01-01")
     assert [t.id for t in ev] == ["2023"] and [t.id for t in train] == ["abc300_a"]
+    # Dates, not strings ("2024-1-5" sorts after "2024-10-01" as text): a non-ISO one is refused.
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        split_tasks([f, s], released_after="2024-1-5")
+    odd = f.model_copy(update={"tags": ["released:2024-5-4"]})
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        split_tasks([odd], released_after="2024-01-01")
 
 
 def test_livecodebench_refuses_pickles_that_name_code(tmp_path: Path) -> None:

@@ -155,3 +155,82 @@ async def test_probes_that_differ_flag_the_environments_tasks_injected_hash_seed
     good = await validate_tasks(tasks, honest, config=cfg, slots=2)
     assert good.environments == {"": []}
     assert all(r.problems == [] for r in good.reports), good.reports
+
+
+def _uniq(id: str, **kw: Any) -> Task:
+    # Expected values recorded by running the reference once under the default hash seed (0).
+    return Task.model_validate({
+        "id": id, "prompt": "Give back the unique strings of the words list.",
+        "entry_point": "uniq",
+        "reference_solution": "def uniq(words):\n    return list(set(words))\n",
+        "hidden_tests": [
+            {"kind": "call", "name": "h1", "args": [["apple", "banana", "cherry", "date", "elder",
+                                                     "fig"]],
+             "expected": ["banana", "apple", "cherry", "fig", "date", "elder"]},
+            {"kind": "call", "name": "h2", "args": [["a"]], "expected": ["a"]}], **kw})
+
+
+async def test_expected_values_of_the_default_seed_only_are_nondeterministic(
+        engine: Engine) -> None:
+    """Every --hash-seed fails h1 alike, so the seeds agree with each other: only the repeats
+    (default seed) tell that the expected value depends on the seed. Pinned to seed 0, the same
+    task is deterministic."""
+    cfg = ValidateConfig(repeat=2, max_mutants=0, checks=frozenset({
+        ProblemCode.NONDETERMINISTIC, ProblemCode.FLAKY, ProblemCode.REFERENCE_FAILS}))
+    res = await validate_tasks([_uniq("unpinned"), _uniq("pinned", hash_seed=0)],
+                               engine.runner(client="test"), config=cfg)
+    unpinned, pinned = res.reports
+    assert unpinned.codes == {"nondeterministic"}, unpinned
+    assert ("h1: seed default passed, seed 1 wrong_answer, seed 2 wrong_answer, "
+            "seed 3 wrong_answer") in unpinned.problems[0].detail
+    assert pinned.problems == [], pinned
+
+
+async def test_return_1_is_a_degenerate_completion(engine: Engine) -> None:
+    t = Task.model_validate({
+        "id": "ones", "prompt": "Count the truthy elements of xs.", "entry_point": "count",
+        "reference_solution": "def count(xs):\n    return sum(1 for x in xs if x)\n",
+        "hidden_tests": [{"kind": "call", "name": f"h{i}", "args": [xs], "expected": 1}
+                         for i, xs in enumerate([[1], [0, 2], [None, "a", ""]])]})
+    res = await validate_tasks([t], engine.runner(client="test"),
+                               config=ValidateConfig(checks=frozenset({ProblemCode.TRIVIAL_PASS})))
+    assert res.reports[0].codes == {"trivial_pass"}
+    assert "return_1" in res.reports[0].problems[0].detail
+
+
+async def test_a_set_validated_against_itself_is_all_copies(engine: Engine) -> None:
+    tasks = load_tasks(DEMO)
+    only = frozenset({ProblemCode.DUPLICATE, ProblemCode.CONTAMINATED})
+    res = await validate_tasks(tasks, engine.runner(), against=load_tasks(DEMO),
+                               config=ValidateConfig(checks=only))
+    for t, r in zip(tasks, res.reports, strict=True):
+        dup = [p.detail for p in r.problems if p.code == "duplicate"]
+        assert len(dup) == 1 and "(in the --against set)" in dup[0], r
+        if t.split == "eval":
+            assert "contaminated" in r.codes, r
+            assert all("(in the --against set)" in p.detail for p in r.problems), r
+    # Without --against no task is its own duplicate.
+    alone = await validate_tasks(tasks, engine.runner(), config=ValidateConfig(checks=only))
+    assert {r.id for r in alone.reports if r.codes} == {"demo/add_copy", "demo/vowel_positions"}
+
+
+async def test_seeded_runs_see_the_site_packages_unseeded_runs_see(engine: Engine) -> None:
+    prog = Program(source="import sys\nprint('\\n'.join(sys.path))")
+    plain = await engine.runner()(prog, Limits(time_s=10))
+    seeded = await seeded_runner(engine.runner(), 3)(prog, Limits(time_s=10))
+    site = [p for p in plain.stdout.split() if p.endswith("site-packages")]
+    assert site and set(site) <= set(seeded.stdout.split()), (plain.stdout, seeded.stdout)
+
+
+async def test_hash_seed_out_of_range_is_bad_input() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    for seed in ("4294967296", "-1"):
+        r = subprocess.run([sys.executable, "-m", "sandloop", "tasks", "validate", str(DEMO),
+                            "--no-db", f"--hash-seed={seed}"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2, (seed, r.stdout, r.stderr)
+        assert "hash_seeds" in r.stderr and r.stdout == ""

@@ -38,6 +38,32 @@ async def test_finished_job_is_answered_from_the_journal(tmp_path: Path) -> None
         assert (await e.run(NONCE, FAST)) == a and e.stats.executed == 1
 
 
+async def test_binary_inputs_are_journaled_and_resumed_byte_for_byte(tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 (a binary input file, a native task's encoded values) once made
+    # pydantic's JSON refuse the program: every such job failed on a journaled engine (a 500 on
+    # `sandloop serve --journal`). They are written base64-tagged; UTF-8 content keeps its form.
+    from sandloop.engine.journal import content_digest, model_from_json, model_json
+
+    blob = bytes(range(256))
+    prog = Program(source="import sys\nd = open('b.bin', 'rb').read()\n"
+                          "print(len(d), d == bytes(range(256)), sys.stdin.buffer.read().hex())",
+                   files={"b.bin": blob, "t.txt": "héllo"}, stdin=b"\xff\x00")
+    again = model_from_json(Program, model_json(prog))
+    assert again.files["b.bin"] == blob and again.stdin == b"\xff\x00" and again == prog
+    text = Program(source="pass", files={"a": b"ok"})
+    assert model_json(text) == text.model_dump_json()  # unchanged where pydantic could write it
+    assert content_digest(prog, FAST) != content_digest(prog.model_copy(
+        update={"files": {**prog.files, "b.bin": blob[::-1]}}), FAST)
+    db = tmp_path / "j.db"
+    async with Engine(BrokenBackend(SandboxPool(1)), journal=db, retry_backoff_s=0.01) as e:
+        assert (await e.run(prog, FAST, key="bin")).status is Status.SANDBOX_ERROR
+    async with Engine(slots=1, journal=db) as e:
+        got = [x async for x in e.resume()]
+        assert [k for k, _ in got] == ["bin"]
+        assert got[0][1].ok and got[0][1].stdout == "256 True ff00\n", got[0][1]
+        assert (await e.run(prog, FAST)).stdout == "256 True ff00\n"
+
+
 async def test_concurrent_submissions_of_one_key_run_once(tmp_path: Path) -> None:
     async with Engine(slots=2, journal=tmp_path / "j.db") as e:
         rs = await asyncio.gather(*(e.run(NONCE, FAST, key="same") for _ in range(5)))

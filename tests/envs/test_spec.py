@@ -54,6 +54,8 @@ def test_yaml_spec(tmp_path: Path) -> None:
     ({"name": "x", "env": {"LD_PRELOAD": "/x.so"}}, "LD_PRELOAD"),
     ({"name": "x", "files": {"../escape": "x"}}, "relative path"),
     ({"name": "x", "files": {"python/bin/python3": "x"}}, "runtimes"),
+    ({"name": "x", "files": {"a": "x", "a/b": "y"}}, "'a' and 'a/b' conflict"),
+    ({"name": "x", "files": {"d/e/f": "x", "d": "y"}}, "'d' and 'd/e/f' conflict"),
     ({"name": "x", "python": {"packages": ["six==1", "Six==2"]}}, "twice"),
     ({"name": "x", "python": {"version": "3"}}, "major.minor"),
     ({"name": "x", "determinism": {"hash_seed": -1}}, "hash_seed"),

@@ -101,6 +101,28 @@ async def test_a_planted_conftest_is_removed_before_grading(engine: Engine,
         assert final["reward"] == 0.0 and final["tests"][FAILING] == "wrong_answer"
 
 
+async def test_a_plugin_planted_through_package_metadata_is_not_loaded(
+        engine: Engine, spanlib: RepoTask) -> None:
+    # Threat: no conftest, but a module of the repository declared a pytest plugin by a planted
+    # *.dist-info (pytest autoloads `pytest11` entry points from anything on sys.path, and the
+    # repository is on it). Grading deletes metadata the repository did not have and loads only
+    # the environment's plugins; without that, this earns 1.
+    hook = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n    out = yield\n"
+            "    r = out.get_result()\n    r.outcome = 'passed'\n    r.longrepr = None\n")
+    meta = "Metadata-Version: 2.1\nName: zz-helper\nVersion: 1.0\n"
+    async with episode(engine, spanlib) as ep:
+        await ep.call("write_file", path="zz_helper.py", content=hook)
+        for info in ("zz_helper-1.0.dist-info", "zz_helper.egg-info"):
+            await ep.call("write_file", path=f"{info}/METADATA", content=meta)
+            await ep.call("write_file", path=f"{info}/PKG-INFO", content=meta)
+            await ep.call("write_file", path=f"{info}/entry_points.txt",
+                          content="[pytest11]\nzz = zz_helper\n")
+        final = await ep.call("submit")
+        assert final["reward"] == 0.0 and final["tests"][FAILING] == "wrong_answer"
+        assert final["tests"]["tests/test_merge.py::test_disjoint"] == "passed"
+
+
 async def test_a_shadowing_pytest_module_is_not_imported_by_grading(
         engine: Engine, spanlib: RepoTask) -> None:
     # Threat: a pytest.py at the repository root that "passes" everything. Grading imports the
@@ -159,6 +181,31 @@ async def test_filling_the_disk_ends_as_a_verdict(engine: Engine, spanlib: RepoT
         final = await ep.call("submit")
         assert ep.done and final["reward"] == 0.0
         assert final["verdict"] in ("unresolved", "error")
+
+
+async def test_a_write_the_work_dir_refuses_is_an_observation(engine: Engine,
+                                                              spanlib: RepoTask) -> None:
+    # A file where the repository has a directory: the buffered write fails only at the next
+    # command's flush. It was an exception there (HTTP 409 on submit, no grade, the call lost
+    # from the log); it is the model's doing, so an observation, and submit still grades.
+    async with episode(engine, spanlib) as ep:
+        assert (await ep.call("write_file", path="tests", content="oops"))["ok"]
+        after = await ep.call("run_tests")
+        assert "could not be written" in after["error"] and not ep.done
+        assert (await ep.call("write_file", path="spanlib", content="oops"))["ok"]
+        final = await ep.call("submit")
+        assert ep.done and "could not be written" in final["error"]
+        assert final["verdict"] == "unresolved" and final["reward"] == 0.0
+        assert final["tests"]["tests/test_merge.py::test_disjoint"] == "passed"
+        assert ep.turns == 4
+
+
+async def test_text_that_is_no_unicode_is_an_observation(engine: Engine,
+                                                          spanlib: RepoTask) -> None:
+    async with episode(engine, spanlib) as ep:
+        bad = await ep.call("write_file", path="u.txt", content="x\ud800")
+        assert "not valid Unicode" in bad["error"] and not ep.done
+        assert (await ep.call("run", command="ls u.txt"))["exit_code"] != 0
 
 
 async def test_bad_calls_are_observations(engine: Engine, spanlib: RepoTask) -> None:

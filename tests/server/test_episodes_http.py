@@ -51,9 +51,10 @@ def test_an_episode_over_http(repo_server: tuple[LiveServer, Path]) -> None:
         state = c.get(f"/v1/episodes/{eid}").json()
         assert state["done"] and state["turns"] == 4 and state["reward"] == 1.0
         again = c.post(f"/v1/episodes/{eid}/call", json={"tool": "run_tests"})
-        assert again.status_code == 409
+        assert again.status_code == 409 and again.json()["code"] == "episode_finished"
         assert c.delete(f"/v1/episodes/{eid}").status_code == 200
-        assert c.get(f"/v1/episodes/{eid}").status_code == 404
+        gone = c.get(f"/v1/episodes/{eid}")
+        assert gone.status_code == 404 and gone.json()["code"] == "episode_not_found"
     rec = EpisodeLog(db).get(eid)  # recorded with --db
     assert rec is not None and rec.reward == 1.0 and [x.tool for x in rec.calls] == [
         "run_tests", "apply_patch", "run", "submit"]
@@ -63,8 +64,8 @@ def test_episode_requests_are_checked(repo_server: tuple[LiveServer, Path]) -> N
     server, _ = repo_server
     with httpx.Client(base_url=server.url, timeout=60) as c:
         assert c.post("/v1/episodes", json={"task_set": "nope", "task_id": "x"}).status_code == 400
-        assert c.post("/v1/episodes", json={"task_set": "repo-demo",
-                                            "task_id": "nope"}).status_code == 404
+        nope = c.post("/v1/episodes", json={"task_set": "repo-demo", "task_id": "nope"})
+        assert nope.status_code == 404 and nope.json()["code"] == "task_not_found"
         bad = c.post("/v1/episodes", json={"task_set": "humaneval", "task_id": "HumanEval/0"})
         assert bad.status_code == 400 and "no repository tasks" in bad.json()["error"]
         assert c.post("/v1/episodes/nope/call", json={"tool": "submit"}).status_code == 404

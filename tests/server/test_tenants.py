@@ -29,7 +29,8 @@ def tenants(tmp_path_factory: pytest.TempPathFactory,
     path = d / "keys.json"
     tokens = {n: add_key(path, n) for n in ("alice", "bob")}
     tokens["carol"] = add_key(path, "carol", max_sessions=1)
-    config = ServerConfig(slots=2, journal=d / "jobs.db", max_sessions_per_key=2)
+    config = ServerConfig(slots=2, journal=d / "jobs.db", db=d / "results.db",
+                          max_sessions_per_key=2)
     with LiveServer(config, keys_file=path) as s:
         yield s, {n: {"Authorization": f"Bearer {t}"} for n, t in tokens.items()}
 
@@ -61,6 +62,38 @@ def test_idempotency_keys_are_per_tenant_in_both_orders(
     # A true retry is answered from the journal (the same random token), for each tenant.
     assert _run(srv.url, h["alice"], alice, "k1").json()["stdout"] == a.json()["stdout"]
     assert _run(srv.url, h["bob"], bob, "k1").json()["stdout"] == b.json()["stdout"]
+
+
+def test_stored_scores_are_per_tenant(
+        tenants: tuple[LiveServer, dict[str, dict[str, str]]]) -> None:
+    # Threat: the result store answered bob with alice's record of the same completion (her
+    # timings: he learns what she scored; for a completion that reads the clock or a random
+    # number, her verdict). Records are shared within one key only.
+    srv, h = tenants
+    # Passes or fails at random: two tenants' records of it are told apart by their verdicts.
+    coin = ("import os\ndef f(x):\n    return x + 1 if os.urandom(1)[0] % 2 else x\n")
+    body = {"items": [{"task": {"inputs": [[1]], "outputs": [2], "fn_name": "f"},
+                       "completion": coin}]}
+
+    def score(who: str) -> dict[str, object]:
+        r = httpx.post(f"{srv.url}/v1/score", headers=h[who], json=body, timeout=60)
+        assert r.status_code == 200, r.text  # a journaled server takes call-based tasks too
+        out: dict[str, object] = r.json()["results"][0]
+        return out
+
+    first = score("alice")
+    assert score("alice") == first  # alice's own record answers her again
+    seen = {str(score(who)) for who in ("bob", "carol")}
+    assert str(first) not in seen  # her record (its timings, at least) reached no one else
+
+
+def test_binary_files_run_on_a_journaled_server(
+        tenants: tuple[LiveServer, dict[str, dict[str, str]]]) -> None:
+    # Bytes that are not UTF-8 made the journal's JSON fail: a 500 for any binary input file.
+    srv, h = tenants
+    r = httpx.post(f"{srv.url}/run_code", headers=h["alice"], timeout=60, json={
+        "code": "print(open('a', 'rb').read())", "language": "python", "files": {"a": "/w=="}})
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "b'\\xff'\n", r.text
 
 
 def test_a_key_reused_for_another_program_is_409(
@@ -218,3 +251,49 @@ def test_cli_flags() -> None:
     for flag in ("--public-docs", "--public-metrics", "--max-sessions-per-key",
                  "--max-sessions", "--session-memory-mb"):
         assert flag in out, flag
+
+
+def test_the_live_monitor_keeps_each_keys_runs_apart(
+        tenants: tuple[LiveServer, dict[str, dict[str, str]]]) -> None:
+    # Threat: runs were keyed by run_id alone: bob listed alice's runs on /dashboard/data, read
+    # their statistics, and posted alerts into them.
+    srv, h = tenants
+    rollouts = [{"step": s, "task_id": "t", "completion": f"c{s}", "reward": 1.0}
+                for s in range(3)]
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.post("/v1/monitor/rollouts", headers=h["alice"],
+                   json={"run_id": "private", "rollouts": rollouts, "final": True})
+        assert r.status_code == 200, r.text
+        mine = c.get("/dashboard/data", headers=h["alice"], params={"run": "private"}).json()
+        assert [s["step"] for s in mine["steps"]] == [0, 1, 2] and mine["alerts"] == []
+        assert c.get("/dashboard/data", headers=h["alice"]).json()["run"] == mine["run"]
+        seen = c.get("/dashboard/data", headers=h["bob"]).json()
+        assert seen["runs"] == [] and seen["steps"] == []
+        theirs = c.get("/dashboard/data", headers=h["bob"], params={"run": "private"}).json()
+        assert theirs["steps"] == [] and theirs["alerts"] == []
+        injected = {"code": "reward_hack_suspected", "step": 0, "detail": "from bob"}
+        r = c.post("/v1/monitor/rollouts", headers=h["bob"],
+                   json={"run_id": "private", "alerts": [injected]})
+        assert r.status_code == 200, r.text
+        mine = c.get("/dashboard/data", headers=h["alice"], params={"run": "private"}).json()
+        assert mine["alerts"] == [] and len(mine["runs"]) == 1
+        # The page cannot send headers: its own ?api_key= goes on to its data requests.
+        token = h["alice"]["Authorization"].removeprefix("Bearer ")
+        assert c.get("/dashboard/data").status_code == 401
+        by_url = c.get("/dashboard/data", params={"run": "private", "api_key": token}).json()
+        assert [s["step"] for s in by_url["steps"]] == [0, 1, 2]
+        assert "api_key" in c.get("/dashboard").text
+
+
+@pytest.mark.parametrize("step", ["-1", "100000000000000000000", "abc"])
+def test_a_bad_step_header_is_a_400_before_any_scoring(
+        tenants: tuple[LiveServer, dict[str, dict[str, str]]], step: str) -> None:
+    srv, h = tenants
+    body = {"items": [{"task": {"inputs": [[1]], "outputs": [2], "fn_name": "f"},
+                       "completion": "def f(x):\n    return x + 1\n"}]}
+    r = httpx.post(f"{srv.url}/v1/score", headers={**h["carol"], "X-Sandloop-Step": step},
+                   json=body, timeout=60)
+    assert r.status_code == 400 and "X-Sandloop-Step" in r.json()["error"], r.text
+    r = httpx.post(f"{srv.url}/v1/score", headers=h["carol"], timeout=60,
+                   json={**body, "step": 2**63})
+    assert r.status_code == 422, r.text

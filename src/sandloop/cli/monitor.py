@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from sandloop.cli.exits import ExitCode, print_error
+from sandloop.errors import InputError, MonitorError
 
 if TYPE_CHECKING:
     from sandloop.monitor.analysis import RunAnalysis
@@ -37,7 +38,8 @@ LogArg = Annotated[Path, typer.Argument(
 TasksOpt = Annotated[str | None, typer.Option(
     "--tasks", help="Task set (built-in name or JSONL): audit high-reward completions against "
                     "its hidden tests under the hardened harness.")]
-RunOpt = Annotated[str | None, typer.Option("--run", help="Run id, for a SQLite log with several.")]
+RunOpt = Annotated[str | None, typer.Option(
+    "--run", help="Run id: the run to read, required when the log holds several.")]
 AuditShareOpt = Annotated[float, typer.Option(
     "--audit-share", help="Audit at most this share of the run's scoring work.")]
 DbOpt = Annotated[Path | None, typer.Option(
@@ -51,15 +53,50 @@ LagOpt = Annotated[int, typer.Option(
     "--lag", help="A step is complete when a rollout this many steps later arrives.")]
 
 
+class RunChoiceError(MonitorError, InputError):
+    """The log's runs and ``--run`` do not single out one run."""
+
+
+def _run_names(ids: Sequence[str | None]) -> str:
+    shown = ", ".join("(no run_id)" if i is None else repr(i) for i in ids[:20])
+    return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+
+
 def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
+    """The rollouts of one run of the log. Several runs' steps interleaved would be one
+    nonsense series, so a log holding several needs ``--run`` (a RunChoiceError lists them);
+    ``--run`` naming none of them is an error too, not an empty analysis."""
     from sandloop.monitor.records import read_log
     from sandloop.monitor.rolloutlog import RolloutLog, is_sqlite
 
     if is_sqlite(log):
-        with RolloutLog(log) as db:
+        with RolloutLog(log, readonly=True) as db:
+            runs: list[str | None] = list(db.runs())
+            if run is not None and run not in runs:
+                raise RunChoiceError(f"{log}: --run {run!r}: no such run; the log holds "
+                                     f"{_run_names(runs) or 'no rollouts'}")
+            if run is None and len(runs) > 1:
+                raise RunChoiceError(f"{log} holds {len(runs)} runs: {_run_names(runs)}; "
+                                     f"choose one with --run")
             yield from db.rollouts(run)
-    else:
-        yield from read_log(log)
+        return
+    seen: dict[str | None, None] = {}
+    matched = False
+    for r in read_log(log):
+        seen.setdefault(r.run_id)
+        if run is not None:
+            if r.run_id == run:
+                matched = True
+                yield r
+        elif len(seen) == 1:
+            yield r
+    # The rest of the file was still read (and checked), so the error names every run.
+    if run is not None and not matched:
+        raise RunChoiceError(f"{log}: --run {run!r}: no such run; the log holds "
+                             f"{_run_names(list(seen)) or 'no rollouts'}")
+    if run is None and len(seen) > 1:
+        raise RunChoiceError(f"{log} holds {len(seen)} runs: {_run_names(list(seen))}; "
+                             f"choose one with --run")
 
 
 def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
@@ -95,7 +132,7 @@ def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, 
     from sandloop import _aio as aio
     from sandloop.monitor.analysis import Monitor, RunAnalysis
     from sandloop.monitor.audit import AuditSampler, run_audit
-    from sandloop.monitor.detectors import detect_audit_failures
+    from sandloop.monitor.detectors import AuditRearm, detect_audit_failures
     from sandloop.monitor.signatures import TaskScanner
 
     sampler = None
@@ -114,12 +151,17 @@ def _analyse(log: Path, run: str | None, tasks: str | None, audit_share: float, 
             sampler.add(r)
     mon.flush()
     result = RunAnalysis(mon.steps, list(mon.alerts), mon.late)
+    if mon.late:
+        err.print(f"[yellow]warning: {mon.late} rollouts arrived after their step was complete "
+                  f"and were dropped from the statistics (--lag N waits N more steps)[/]")
     if sampler is not None and score is not None:
         sample = sampler.sample()
         outcomes = aio.run(run_audit(sample, score, scanner))  # type: ignore[arg-type]
         result.audit = [o.to_dict() for o in outcomes]
-        result.alerts = sorted(result.alerts + detect_audit_failures(outcomes, mon.thresholds),
-                               key=lambda a: a.step)
+        # The audit obeys the rearm rule like every detector: a sustained hack is one alert.
+        audit_alerts = AuditRearm(mon.thresholds.rearm).admit(
+            detect_audit_failures(outcomes, mon.thresholds))
+        result.alerts = sorted(result.alerts + audit_alerts, key=lambda a: a.step)
         if sampler.unknown_tasks:
             err.print(f"[yellow]{sampler.unknown_tasks} high-reward rollouts name tasks that are "
                       f"not in {tasks}: not audited[/]")
@@ -132,7 +174,8 @@ def _load_errors() -> tuple[type[Exception], ...]:
     from sandloop.store import StoreError
     from sandloop.tasks import TaskFormatError
 
-    return (LogFormatError, RolloutLogError, TaskFormatError, StoreError, OSError, ValueError)
+    return (LogFormatError, RolloutLogError, RunChoiceError, TaskFormatError, StoreError,
+            OSError, ValueError)
 
 
 @monitor_app.command("analyze")
@@ -219,7 +262,10 @@ def export(
         raise typer.Exit(ExitCode.BAD_INPUT)
     errors: tuple[type[Exception], ...] = (ParquetUnavailable, *_load_errors())
     try:
-        with RolloutLog(db_path) as db:
+        with RolloutLog(db_path, readonly=True) as db:
+            if run is not None and run not in db.runs():
+                raise RunChoiceError(f"{db_path}: --run {run!r}: no such run; the log holds "
+                                     f"{_run_names(list(db.runs())) or 'no rollouts'}")
             n = (db.export_parquet(output, run) if output.suffix == ".parquet"
                  else db.export_jsonl(output, run))
     except errors as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import tempfile
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from sandloop.engine import Engine
 from sandloop.engine.cluster import ClusterUnavailable
 from sandloop.errors import MonitorError
 from sandloop.monitor.capture import rollouts_of
+from sandloop.monitor.records import MAX_INT, LogFormatError, rollout_from_dict
 from sandloop.monitor.rolloutlog import RolloutLog
 from sandloop.reward.scoring import (
     Completion,
@@ -172,7 +174,8 @@ def score_command(
         return _fail(problem)
     if rollout_log is None and os.environ.get("SANDLOOP_ROLLOUT_LOG"):
         rollout_log = Path(os.environ["SANDLOOP_ROLLOUT_LOG"])
-    problem = _rollout_options_problem(items, step, rollout_log)
+    problem = _rollout_options_problem(items, step, rollout_log, group=group, run_id=run_id,
+                                       completions=completions)
     if problem:
         return _fail(problem)
     log: RolloutLog | None = None
@@ -257,8 +260,10 @@ def _score_and_report(items: list[Completion], by_id: dict[str, Task], ks: tuple
     if log is not None:
         try:
             n = _append_rollouts(log, items, results, step, group, run_id, by_id)
-        except (MonitorError, OSError) as e:
-            return _fail(str(e))
+        except (MonitorError, OSError, ValueError, OverflowError, sqlite3.Error) as e:
+            # Checked before scoring; a task's own difficulty or source could still be
+            # unstorable, and that is the input's fault, not a crash.
+            return _fail(f"--rollout-log {log.path}: {e}")
         info(f"{n} rollouts -> {log.path} (run {run_id or 'default'})")
     summary = summarize(
         ((r.task_id, r.reward, r.verdict, r.tests) for r in results), ks=ks
@@ -294,9 +299,11 @@ def _time_limit_problem(items: Sequence[Completion], tasks: dict[str, Task],
 
 
 def _rollout_options_problem(items: Sequence[Completion], step: int | None,
-                             rollout_log: Path | None) -> str | None:
-    if step is not None and step < 0:
-        return f"--step must be a non-negative integer, got {step}"
+                             rollout_log: Path | None, *, group: str | None = None,
+                             run_id: str | None = None,
+                             completions: Path | None = None) -> str | None:
+    if step is not None and not 0 <= step <= MAX_INT:
+        return f"--step must be an integer in [0, 2**63 - 1], got {step}"
     if rollout_log is None:
         if step is not None:
             return ("--step tags the rollouts of a rollout log: add --rollout-log PATH (or set "
@@ -305,6 +312,19 @@ def _rollout_options_problem(items: Sequence[Completion], step: int | None,
     if step is None and any(c.step is None for c in items):
         return ("--rollout-log needs the training step of every completion: pass --step N "
                 "or give each completions line a 'step' field")
+    # What the log will record of each completion passes the log's own line check now: a step
+    # over SQLite's integer range or a lone surrogate would otherwise fail only at the append,
+    # after every completion had been scored.
+    for i, c in enumerate(items, 1):
+        try:
+            rollout_from_dict({"step": c.step if c.step is not None else step,
+                               "task_id": c.task_id, "completion": c.completion,
+                               "reward": None, "group": c.group if c.group is not None
+                               else group, "run_id": run_id,
+                               "completion_id": c.completion_id},
+                              f"{completions or 'completions'}: record {i}")
+        except LogFormatError as e:
+            return str(e)
     return None
 
 

@@ -7,6 +7,7 @@ that ``sandloop --help`` stays fast.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -15,9 +16,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sandloop.cli.exits import ExitCode, print_error
+from sandloop.cli.options import check_out_path
 
 if TYPE_CHECKING:
     from sandloop.curation.difficulty import Difficulty
@@ -26,9 +30,18 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Task governance: inspect, validate, curate, grade, split and diff task "
                        "sets.", no_args_is_help=True, add_completion=False)
-err = Console(stderr=True)
+# Task data and paths reach these consoles escaped (rich.markup.escape) or as Text; without
+# emoji codes too, so a prompt's ":smile:" is printed as written.
+err = Console(stderr=True, emoji=False)
+
+
+def _console() -> Console:
+    return Console(emoji=False)
+
 
 DEMO_SET = "curation_demo.jsonl"
+# The sets this CLI bundles itself, besides the loader's (BUILTIN_SETS) and the repository sets.
+CLI_SETS = {"curation-demo": DEMO_SET}
 
 TasksArg = Annotated[str, typer.Argument(
     help="Task set: a JSONL/Parquet file in any supported format, 'humaneval', "
@@ -46,20 +59,46 @@ class _BadInput(Exception):
 
 
 def _resolve(tasks: str) -> str:
-    if tasks == "curation-demo":
+    if tasks in CLI_SETS:
         from importlib import resources
 
-        return str(resources.files("sandloop.data").joinpath(DEMO_SET))
+        return str(resources.files("sandloop.data").joinpath(CLI_SETS[tasks]))
     return tasks
 
 
 def _load(tasks: str, fmt: str | None) -> list[Task]:
     from sandloop.tasks import TaskFormatError, load_tasks
+    from sandloop.tasks.loaders import BUILTIN_SETS
+    from sandloop.tasks.repo import REPO_BUILTIN_SETS
 
+    source = _resolve(tasks)
+    # The loader knows only its own built-in names; this CLI also takes CLI_SETS and, in
+    # validate, the repository sets, so it names them all itself.
+    if tasks in REPO_BUILTIN_SETS:
+        raise _BadInput(f"{tasks}: a repository set; only `sandloop tasks validate` takes it, "
+                        "as its TASKS")
+    if source not in BUILTIN_SETS and not Path(source).exists():
+        raise _BadInput(f"{tasks}: no such file, and not a built-in set ("
+                        + ", ".join((*BUILTIN_SETS, *CLI_SETS)) + "; for validate also "
+                        + ", ".join(REPO_BUILTIN_SETS) + ")")
     try:
-        return load_tasks(_resolve(tasks), fmt)
+        return load_tasks(source, fmt)
     except TaskFormatError as e:
         raise _BadInput(str(e)) from None
+
+
+_SET_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".parquet", ".gz")
+
+
+def _sidecar(path: Path, kind: str) -> Path:
+    """``NAME.jsonl`` -> ``NAME.KIND.json``. Only the file type's suffix goes, not everything
+    after the first dot: mbpp.train.jsonl and mbpp.eval.jsonl must not share one file."""
+    name = path.name
+    for suffix in _SET_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return path.with_name(f"{name}.{kind}.json")
 
 
 def _grades_path(tasks: str) -> Path | None:
@@ -67,7 +106,17 @@ def _grades_path(tasks: str) -> Path | None:
     p = Path(_resolve(tasks))
     if not p.name:
         return None
-    return p.with_name(p.name.split(".")[0] + ".grades.json")
+    return _sidecar(p, "grades")
+
+
+def _out_path(path: Path) -> Path:
+    """``path`` checked writable before any work (as ``--out`` is), a problem being bad input."""
+    try:
+        checked = check_out_path(path)
+    except typer.BadParameter as e:
+        raise _BadInput(e.message) from None
+    assert checked is not None
+    return checked
 
 
 def _load_grades(tasks: str, path: Path | None) -> dict[str, Difficulty] | None:
@@ -147,11 +196,12 @@ def show(tasks: TasksArg, task_id: Annotated[str, typer.Argument(help="The task'
         from rich.panel import Panel
         from rich.syntax import Syntax
 
-        out = Console()
-        out.print(f"[bold]{t.id}[/]  version {t.version}  {t.language}/{t.test_kind}  split "
-                  f"{t.split}  limit {t.limits.time_s:g} s, {t.limits.memory_mb} MiB  tags "
-                  f"{', '.join(t.tags) or '-'}  source {t.source or '-'}")
-        out.print(Panel(t.prompt or t.starter_code or "(empty)", title="prompt"))
+        out = _console()
+        out.print(Text.assemble(
+            (t.id, "bold"), f"  version {t.version}  {t.language}/{t.test_kind}  split "
+            f"{t.split}  limit {t.limits.time_s:g} s, {t.limits.memory_mb} MiB  tags "
+            f"{', '.join(t.tags) or '-'}  source {t.source or '-'}"))
+        out.print(Panel(Text(t.prompt or t.starter_code or "(empty)"), title="prompt"))
         if t.reference_solution is not None:
             out.print(Panel(Syntax(t.reference_solution, t.language if t.language != "cpp"
                                    else "cpp"), title="reference solution"))
@@ -161,8 +211,8 @@ def show(tasks: TasksArg, task_id: Annotated[str, typer.Argument(help="The task'
         for test in t.tests:
             d = test.model_dump(mode="json", exclude={"name", "kind", "weight"})
             text = json.dumps(d, ensure_ascii=False)
-            table.add_row(test.name, "hidden" if t.is_hidden(test.name) else "public", test.kind,
-                          text if len(text) < 200 else text[:197] + "...")
+            table.add_row(Text(test.name), "hidden" if t.is_hidden(test.name) else "public",
+                          test.kind, Text(text if len(text) < 200 else text[:197] + "..."))
         out.print(table)
         return 0
     _run(go)
@@ -181,12 +231,13 @@ def stats(tasks: TasksArg, format: Format = None, grades: Grades = None,
         if as_json:
             print(json.dumps(data))
             return 0
-        out = Console()
-        table = Table(title=f"{tasks}: {len(ts)} tasks, version {data['set_version']}",
+        out = _console()
+        table = Table(title=Text(f"{tasks}: {len(ts)} tasks, version {data['set_version']}"),
                       show_header=False)
         for key in ("split", "tier", "language", "test_kind", "tag"):
             counts: dict[str, int] = data[key]
-            table.add_row(key, ", ".join(f"{k} {v}" for k, v in list(counts.items())[:20]) or "-")
+            table.add_row(key, Text(", ".join(f"{k} {v}" for k, v in list(counts.items())[:20])
+                                    or "-"))
         table.add_row("with reference", str(data["with_reference"]))
         for key in ("hidden_tests", "public_tests"):
             d = data[key]
@@ -258,16 +309,16 @@ def _validate_repo(tasks: str, against: Sequence[str] | None, check: Sequence[st
 
 
 def _print_validation(res: ValidationRun, title: str) -> None:
-    out = Console()
-    table = Table(title=title)
+    out = _console()
+    table = Table(title=Text(title))
     for col in ("task", "verdict", "problems", "mutation score"):
         table.add_column(col)
     colour = {"keep": "green", "review": "yellow", "reject": "red"}
     for r in res.reports:
         if r.verdict == "keep":
             continue
-        table.add_row(r.id, f"[{colour[r.verdict]}]{r.verdict}[/]",
-                      "\n".join(f"{p.code.value}: {p.detail}" for p in r.problems),
+        table.add_row(Text(r.id), Text(r.verdict, style=colour[r.verdict]),
+                      Text("\n".join(f"{p.code.value}: {p.detail}" for p in r.problems)),
                       "-" if r.mutation_score is None else f"{r.mutation_score:.2f}")
     if table.row_count:
         out.print(table)
@@ -277,8 +328,8 @@ def _print_validation(res: ValidationRun, title: str) -> None:
               f"{verdicts['review']}, reject {verdicts['reject']}")
     out.print("problems: " + (", ".join(f"{c} {n}" for c, n in codes.most_common()) or "none"))
     for env, differ in res.environments.items():
-        name = env or "built-in environments"
-        out.print(f"{name}: " + (f"[red]probes differ[/]: {', '.join(differ)}" if differ
+        name = escape(env or "built-in environments")
+        out.print(f"{name}: " + (f"[red]probes differ[/]: {escape(', '.join(differ))}" if differ
                                  else "determinism probes agree"))
     out.print(f"{res.runs} sandbox runs (+{res.probe_runs} probe runs), {res.cached} results "
               f"reused from the store, {res.mutants} mutants, {res.elapsed_s:.1f} s")
@@ -358,7 +409,8 @@ SameSolution = Annotated[float, typer.Option(
 Db = Annotated[Path | None, typer.Option(
     "--db", help="Result store; default $SANDLOOP_DB or ~/.cache/sandloop/results.db.")]
 NoDb = Annotated[bool, typer.Option("--no-db", help="Neither read nor write the result store.")]
-Slots = Annotated[int | None, typer.Option("--slots", help="Parallel slots; default: cores.")]
+Slots = Annotated[int | None, typer.Option("--slots", min=1, max=4096,
+                                           help="Parallel slots; default: cores.")]
 NoIsolation = Annotated[bool, typer.Option(
     "--no-isolation", help="Explicit opt-out: run WITHOUT isolation (trusted code only).")]
 
@@ -370,8 +422,9 @@ def validate(
     repeat: Repeat = 5,
     env_repeat: EnvRepeat = 3,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per task.")] = False,
-    report: Annotated[Path | None, typer.Option("--report", help="Write an HTML quality report.")]
-    = None,
+    report: Annotated[Path | None, typer.Option(
+        "--report", callback=check_out_path, dir_okay=False,
+        help="Write an HTML quality report (checked writable first).")] = None,
     exit_zero: Annotated[bool, typer.Option(
         "--exit-zero", help="Exit 0 even when tasks are rejected (demos, dashboards).")] = False,
     format: Format = None,
@@ -434,7 +487,7 @@ def validate(
             from sandloop.curation.report import write_report
 
             write_report(report, res, title=f"Task quality: {tasks}")
-            err.print(f"report written to {report}")
+            err.print(Text(f"report written to {report}"))
         rejected = any(r.verdict == "reject" for r in res.reports)
         return 1 if rejected and not exit_zero else 0
     _run(go)
@@ -443,8 +496,10 @@ def validate(
 @app.command("curate")
 def curate(
     tasks: TasksArg,
-    out: Annotated[Path, typer.Option("-o", "--out", help="Where the kept tasks go (JSONL); the "
-                                                        "manifest goes next to it.")],
+    out: Annotated[Path, typer.Option(
+        "-o", "--out", callback=check_out_path, dir_okay=False,
+        help="Where the kept tasks go (JSONL); the manifest goes next to it (both checked "
+             "writable first).")],
     against: Against = None,
     drop_review: Annotated[bool, typer.Option(
         "--drop-review", help="Also leave out tasks marked for review.")] = False,
@@ -476,6 +531,9 @@ def curate(
     def go() -> int:
         from sandloop.curation.sets import make_manifest
 
+        # Everything that can be wrong with the input fails before the (long) validation run.
+        mpath = _out_path(manifest_path(out))
+        graded = _load_grades(tasks, grades)
         cfg = _config(
             hash_seeds=hash_seed, checks=check, severity=severity, repeat=repeat, env_repeat=env_repeat,
             max_mutants=max_mutants, min_mutants=min_mutants,
@@ -488,22 +546,21 @@ def curate(
         others = [t for a in against or () for t in _load(a, None)]
         res = _validate(task_list, others, cfg, db, no_db, slots, no_isolation)
         kept, manifest = make_manifest(tasks, task_list, res.reports, drop_review=drop_review,
-                                       grades=_load_grades(tasks, grades),
-                                       validation=cfg.model_dump(mode="json"))
+                                       grades=graded, validation=cfg.model_dump(mode="json"))
         _write_jsonl(out, [t.to_json() for t in kept])
-        mpath = manifest_path(out)
         mpath.write_text(manifest.model_dump_json(indent=2, by_alias=True) + "\n",
                          encoding="utf-8")
         _print_validation(res, f"sandloop tasks curate {tasks}")
-        Console().print(f"kept {manifest.kept} of {len(task_list)} tasks -> {out} (version "
-                        f"{manifest.set_version}); manifest {mpath}")
+        _console().print(Text(f"kept {manifest.kept} of {len(task_list)} tasks -> {out} "
+                              f"(version {manifest.set_version}); manifest {mpath}"))
         return 0
     _run(go)
 
 
 def manifest_path(tasks_file: Path) -> Path:
-    """``CLEAN.jsonl`` -> ``CLEAN.manifest.json``."""
-    return tasks_file.with_name(tasks_file.name.split(".")[0] + ".manifest.json")
+    """``CLEAN.jsonl`` -> ``CLEAN.manifest.json``; ``clean.v2.jsonl`` ->
+    ``clean.v2.manifest.json``."""
+    return _sidecar(tasks_file, "manifest")
 
 
 @app.command("diff")
@@ -524,20 +581,22 @@ def diff(a: Annotated[str, typer.Argument(help="The older set.")],
                 for rm in json.loads(mp.read_text(encoding="utf-8")).get("removed", []):
                     reasons[rm["id"]] = rm.get("codes", [])
             except (ValueError, KeyError, TypeError):
-                err.print(f"[yellow]warning:[/] {mp} is not a manifest; reasons not shown")
+                err.print(f"[yellow]warning:[/] {escape(str(mp))} is not a manifest; reasons "
+                          "not shown")
         if as_json:
             print(json.dumps({**d.model_dump(), "removal_reasons": reasons}))
             return 0
-        out = Console()
-        out.print(f"{a} ({d.a_version}) -> {b} ({d.b_version}): {len(d.added)} added, "
-                  f"{len(d.removed)} removed, {len(d.changed)} changed, {d.unchanged} unchanged")
+        out = _console()
+        out.print(Text(f"{a} ({d.a_version}) -> {b} ({d.b_version}): {len(d.added)} added, "
+                       f"{len(d.removed)} removed, {len(d.changed)} changed, {d.unchanged} "
+                       "unchanged"))
         for tid in d.added:
-            out.print(f"[green]+ {tid}[/]")
+            out.print(Text(f"+ {tid}", style="green"))
         for tid in d.removed:
-            why = f"  ({', '.join(reasons[tid])})" if tid in reasons else ""
-            out.print(f"[red]- {tid}[/]{why}")
+            why = f"  ({', '.join(map(str, reasons[tid]))})" if tid in reasons else ""
+            out.print(Text.assemble((f"- {tid}", "red"), why))
         for tid in d.changed:
-            out.print(f"[yellow]~ {tid}[/]")
+            out.print(Text(f"~ {tid}", style="yellow"))
         return 0
     _run(go)
 
@@ -553,8 +612,8 @@ def _observed_rewards(path: Path) -> Iterator[tuple[str, float | None]]:
     if is_sqlite(path):
         try:
             with RolloutLog(path) as log:
-                for ro in log.rollouts():
-                    yield ro.task_id, ro.reward
+                for n, ro in enumerate(log.rollouts(), 1):
+                    yield ro.task_id, _checked_reward(ro.reward, f"{path}: rollout {n}")
         except RolloutLogError as e:
             raise _BadInput(str(e)) from None
         return
@@ -574,9 +633,19 @@ def _observed_rewards(path: Path) -> Iterator[tuple[str, float | None]]:
                     r is None or isinstance(r, int | float)):
                 raise _BadInput(f"{path}:{lineno}: needs 'task_id' (string) and 'reward' "
                                 "(number or null)")
-            yield tid, None if r is None else float(r)
+            yield tid, _checked_reward(r, f"{path}:{lineno}")
     except TaskFormatError as e:
         raise _BadInput(str(e)) from None
+
+
+def _checked_reward(r: float | None, where: str) -> float | None:
+    """A reward is a share of a pass, in [0, 1] (docs/curation.md); anything else (NaN, 5, -3)
+    is a broken rollouts file, not something to clamp into a grade."""
+    if r is None:
+        return None
+    if not (math.isfinite(r) and 0 <= r <= 1):
+        raise _BadInput(f"{where}: reward {r!r} is not in [0, 1]")
+    return float(r)
 
 
 def _json_lines(path: Path, gz: bool) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -603,7 +672,8 @@ def grade(
                            "rollout logs; JSON lines (.gz too), Parquet or a SQLite rollout "
                            "log (repeatable).")],
     out: Annotated[Path | None, typer.Option(
-        "-o", "--out", help="Grades file; default TASKS.grades.json next to the set.")] = None,
+        "-o", "--out", callback=check_out_path, dir_okay=False,
+        help="Grades file; default TASKS.grades.json next to the set.")] = None,
     format: Format = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the grades as JSON.")] = False,
 ) -> None:
@@ -614,6 +684,10 @@ def grade(
         from sandloop.curation.sets import set_version
 
         ts = _load(tasks, format)
+        dest = out or _grades_path(tasks)
+        if dest is None:
+            raise _BadInput(f"{tasks!r}: no file to put the grades next to; name one with --out")
+        dest = _out_path(dest)
         ids = {t.id for t in ts}
         rewards: dict[str, list[float | None]] = {t.id: [] for t in ts}
         unknown: Counter[str] = Counter()
@@ -625,23 +699,51 @@ def grade(
                 rewards[tid].append(r)
         if unknown:
             err.print(f"[yellow]warning:[/] {sum(unknown.values())} lines name tasks not in the "
-                      f"set (e.g. {next(iter(unknown))!r}); ignored")
+                      f"set (e.g. {escape(repr(next(iter(unknown))))}); ignored")
         graded = grade_rewards(rewards)
         data = {"schema": "sandloop.grades/v1", "set_version": set_version(ts),
                 "tasks": {k: v.model_dump() for k, v in graded.items()}}
-        dest = out or _grades_path(tasks)
-        if dest is None:
-            raise _BadInput(f"{tasks!r}: no file to put the grades next to; name one with --out")
         dest.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         if as_json:
             print(json.dumps(data))
         else:
             tiers = Counter(v.tier for v in graded.values())
-            Console().print(f"graded {len(graded)} tasks -> {dest}: "
-                            + ", ".join(f"{t} {tiers[t]}" for t in
-                                        ("saturated", "easy", "medium", "hard", "unsolved")))
+            _console().print(Text(f"graded {len(graded)} tasks -> {dest}: "
+                                  + ", ".join(f"{t} {tiers[t]}" for t in
+                                              ("saturated", "easy", "medium", "hard",
+                                               "unsolved"))))
         return 0
     _run(go)
+
+
+def _iso_date(option: str, value: str) -> str:
+    """``value`` as a ``YYYY-MM-DD`` date, the one spelling under which the release dates'
+    string order is their date order."""
+    import datetime
+
+    try:
+        return datetime.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise _BadInput(f"{option} {value!r}: not a date; expected YYYY-MM-DD") from None
+
+
+def _check_release_dates(ts: Sequence[Task]) -> None:
+    """Every ``released:`` tag must be a ``YYYY-MM-DD`` date: split_tasks orders them as
+    strings, and ``2024-1-5`` would sort after ``2024-10-01``."""
+    import datetime
+
+    from sandloop.curation.sets import released
+
+    for t in ts:
+        day = released(t)
+        if day is None:
+            continue
+        try:
+            ok = datetime.date.fromisoformat(day).isoformat() == day
+        except ValueError:
+            ok = False
+        if not ok:
+            raise _BadInput(f"task {t.id!r}: tag 'released:{day}' is not a YYYY-MM-DD date")
 
 
 @app.command("split")
@@ -667,26 +769,33 @@ def split(
     def go() -> int:
         from sandloop.curation.sets import set_version, split_tasks
 
+        if (eval_fraction is None) == (released_after is None):
+            raise _BadInput("give one of --eval-fraction and --released-after")
+        after = None if released_after is None else _iso_date("--released-after", released_after)
         ts = _load(tasks, format)
+        if after is not None:
+            _check_release_dates(ts)
+        graded = _load_grades(tasks, grades)
         try:
-            if (eval_fraction is None) == (released_after is None):
-                raise ValueError("give one of --eval-fraction and --released-after")
-            train, evals = split_tasks(ts, eval_fraction, seed=seed,
-                                       grades=_load_grades(tasks, grades), ngram=ngram,
-                                       overlap=contamination_overlap,
-                                       released_after=released_after)
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _BadInput(f"cannot make {out_dir}: {e.strerror or e}") from None
+        for name in ("train.jsonl", "eval.jsonl", "split.json"):
+            _out_path(out_dir / name)
+        try:
+            train, evals = split_tasks(ts, eval_fraction, seed=seed, grades=graded, ngram=ngram,
+                                       overlap=contamination_overlap, released_after=after)
         except ValueError as e:
             raise _BadInput(str(e)) from None
-        out_dir.mkdir(parents=True, exist_ok=True)
         _write_jsonl(out_dir / "train.jsonl", [t.to_json() for t in train])
         _write_jsonl(out_dir / "eval.jsonl", [t.to_json() for t in evals])
         info = {"schema": "sandloop.split/v1", "source": tasks, "source_version": set_version(ts),
                 "seed": seed, "eval_fraction": eval_fraction,
-                "released_after": released_after, "train": len(train),
+                "released_after": after, "train": len(train),
                 "eval": len(evals), "train_version": set_version(train),
                 "eval_version": set_version(evals)}
         (out_dir / "split.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        Console().print(f"train {len(train)} ({info['train_version']}), eval {len(evals)} "
-                        f"(pinned: {info['eval_version']}) -> {out_dir}")
+        _console().print(Text(f"train {len(train)} ({info['train_version']}), eval "
+                              f"{len(evals)} (pinned: {info['eval_version']}) -> {out_dir}"))
         return 0
     _run(go)

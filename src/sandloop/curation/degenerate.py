@@ -32,6 +32,7 @@ _BODIES: tuple[tuple[str, str], ...] = (
     ("pass", "pass"),
     ("return_none", "return None"),
     ("return_0", "return 0"),
+    ("return_1", "return 1"),
     ("return_empty_str", "return ''"),
     ("return_empty_list", "return []"),
     ("return_true", "return True"),

@@ -4,8 +4,9 @@ Code is compared after canonicalisation: docstrings dropped, every name the code
 (functions, arguments, assigned variables, loop targets, imports' aliases) renamed by order of
 first appearance, then printed by ``ast.unparse`` — so renamed identifiers, reformatting and
 comments do not change it; builtins and library names are kept, so ``len(x)`` and ``sum(x)``
-still differ. Prompts are compared as lower-cased word sequences with the task's own identifiers
-replaced by one placeholder and all whitespace collapsed.
+still differ. Prompts are compared as case-folded word sequences (Unicode words; in scripts
+written without spaces, such as Chinese or Thai, each character is a word) with the task's own
+identifiers replaced by one placeholder and all whitespace collapsed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,13 @@ __all__ = [
     "prompt_words",
 ]
 
-_WORD = re.compile(r"[a-z0-9_]+")
+# Scripts written without spaces between words: a run of them is one "word" of a whole
+# sentence, which no other prompt shares, so each character counts as a word instead (word
+# n-grams become character n-grams there). Hiragana, katakana, CJK ideographs (and their
+# extensions), bopomofo, Thai, Lao, Myanmar, Khmer.
+_SPACELESS = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff"
+                        "\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+                        "\U00020000-\U0003ffff]")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
@@ -146,18 +154,42 @@ def code_tokens(code: str) -> list[str]:
     return _TOKEN.findall(canonical_code(code) or code)
 
 
+def _words(text: str) -> list[str]:
+    """Case-folded (NFKC) words of ``text``: runs of letters, digits, marks and ``_``, except
+    that each character of a spaceless script is a word of its own."""
+    out: list[str] = []
+    word: list[str] = []
+    for ch in unicodedata.normalize("NFKC", text).casefold():
+        if _SPACELESS.match(ch):
+            if word:
+                out.append("".join(word))
+                word = []
+            out.append(ch)
+        elif ch == "_" or unicodedata.category(ch)[0] in "LNM":
+            # Marks too: Devanagari's vowel signs and other combining marks are inside words.
+            word.append(ch)
+        elif word:
+            out.append("".join(word))
+            word = []
+    if word:
+        out.append("".join(word))
+    return out
+
+
 def prompt_words(text: str, identifiers: Iterable[str] = ()) -> list[str]:
-    """Lower-cased words of ``text``; words in ``identifiers`` become the placeholder ``_id``."""
-    ids = {i.lower() for i in identifiers}
-    return ["_id" if w in ids else w for w in _WORD.findall(text.lower())]
+    """Case-folded words of ``text``; words in ``identifiers`` become the placeholder ``_id``."""
+    ids = {w for i in identifiers for w in _words(i)}
+    return ["_id" if w in ids else w for w in _words(text)]
 
 
-def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
-    """The set of ``n``-grams of ``tokens``; a shorter non-empty sequence is its own one n-gram."""
+def ngrams(tokens: Sequence[str], n: int, *, whole_if_short: bool = True
+           ) -> set[tuple[str, ...]]:
+    """The set of ``n``-grams of ``tokens``; a shorter non-empty sequence is its own one n-gram
+    (none with ``whole_if_short=False``)."""
     if not tokens:
         return set()
     if len(tokens) < n:
-        return {tuple(tokens)}
+        return {tuple(tokens)} if whole_if_short else set()
     return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
 
 
@@ -178,9 +210,9 @@ def fingerprint(task: Task) -> Fingerprint:
     canonical tokens of its assembled reference solution."""
     ref = assemble(task, task.reference_solution).source if task.reference_solution else None
     sig = entry_signature(task)
-    ids = set(_WORD.findall(sig[0].lower())) - {"def"} if sig else set()
+    ids = set(_words(sig[0])) - {"def"} if sig else set()
     if task.entry_point:
-        ids.add(task.entry_point.lower())
+        ids.update(_words(task.entry_point))
     text = task.prompt or task.starter_code
     words = tuple(prompt_words(text, ids))
     canon = canonical_code(ref) if ref is not None else None
@@ -192,12 +224,15 @@ def fingerprint(task: Task) -> Fingerprint:
 
 @dataclass(frozen=True)
 class Match:
-    """``id`` resembles the earlier ``other`` (similarity in [0, 1] and what matched)."""
+    """``id`` resembles the earlier ``other`` (similarity in [0, 1] and what matched);
+    ``other_index`` is ``other``'s position in the sequence it was found in (ids may repeat
+    across sets, so the position says which set it is from)."""
 
     id: str
     other: str
     similarity: float
     why: str
+    other_index: int = -1
 
 
 def _jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
@@ -239,7 +274,8 @@ def near_duplicates(
                 else:
                     continue
                 if best is None or sim > best.similarity:
-                    best = Match(id=p.id, other=prints[j].id, similarity=sim, why=why)
+                    best = Match(id=p.id, other=prints[j].id, similarity=sim, why=why,
+                                 other_index=j)
             if best is not None:
                 out.append(best)
         for g in sets[i]:
@@ -257,23 +293,28 @@ def contamination(
 
     For each eval task, the share of its prompt ``n``-grams (and separately of its solution
     token ``n``-grams) found in a single train task is computed; at least ``overlap`` of either
-    flags it, naming the train task with the largest share.
+    flags it, naming the train task with the largest share. A solution shorter than ``n``
+    tokens has no n-grams: canonical code that short (``def v0(v1, v2): return v1 + v2``) is
+    shared by unrelated tasks and shows no leak. A fingerprint is never matched with itself
+    (the same object in both sequences); an equal one with the same id is another task.
     """
-    out: list[Match] = []
-    # Leaks are literal: prompts are compared as written (no identifier replacement).
+    out: list[tuple[int, Match]] = []
+    # Leaks are literal: prompts are compared as written (no identifier replacement). A short
+    # prompt is its own n-gram: a whole prompt found verbatim is a leak, however short.
     for kind in ("prompt_raw", "solution"):
+        whole = kind == "prompt_raw"
         index: dict[tuple[str, ...], set[int]] = defaultdict(set)
         for j, t in enumerate(trains):
-            for g in ngrams(getattr(t, kind), n):
+            for g in ngrams(getattr(t, kind), n, whole_if_short=whole):
                 index[g].add(j)
-        for e in evals:
-            grams = ngrams(getattr(e, kind), n)
+        for i, e in enumerate(evals):
+            grams = ngrams(getattr(e, kind), n, whole_if_short=whole)
             if not grams:
                 continue
             counts: dict[int, int] = defaultdict(int)
             for g in grams:
                 for j in index.get(g, ()):
-                    if trains[j].id != e.id:
+                    if trains[j] is not e:
                         counts[j] += 1
             if not counts:
                 continue
@@ -281,11 +322,12 @@ def contamination(
             share = c / len(grams)
             if share >= overlap:
                 what = "prompt" if kind == "prompt_raw" else kind
-                out.append(Match(id=e.id, other=trains[j].id, similarity=share,
-                                 why=f"{share:.0%} of its {what} {n}-grams"))
+                out.append((i, Match(id=e.id, other=trains[j].id, similarity=share,
+                                     why=f"{share:.0%} of its {what} {n}-grams",
+                                     other_index=j)))
     # One match per eval task: the larger share.
-    best: dict[str, Match] = {}
-    for m in out:
-        if m.id not in best or m.similarity > best[m.id].similarity:
-            best[m.id] = m
-    return [best[e.id] for e in evals if e.id in best]
+    best: dict[int, Match] = {}
+    for i, m in out:
+        if i not in best or m.similarity > best[i].similarity:
+            best[i] = m
+    return [best[i] for i in sorted(best)]

@@ -7,6 +7,7 @@ change to any task, or to which tasks are in, gives a new version.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import random
 import statistics
@@ -178,6 +179,13 @@ def released(task: Task) -> str | None:
                 None)
 
 
+def _date(text: str, what: str) -> datetime.date:
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a YYYY-MM-DD date") from None
+
+
 def split_tasks(tasks: Sequence[Task], eval_fraction: float | None = None, *, seed: int = 0,
                 grades: Mapping[str, Difficulty] | None = None, ngram: int = 13,
                 overlap: float = 0.2, released_after: str | None = None
@@ -189,7 +197,10 @@ def split_tasks(tasks: Sequence[Task], eval_fraction: float | None = None, *, se
     move to train). Tasks get their ``split`` field set (and so new versions); order within each
     side follows the input."""
     if released_after is not None:
-        recent = {i for i, t in enumerate(tasks) if (released(t) or "") >= released_after}
+        # Dates, not strings: "2024-1-5" sorts after "2024-10-01" as text.
+        after = _date(released_after, "released_after")
+        recent = {i for i, t in enumerate(tasks)
+                  if (day := released(t)) is not None and _date(day, t.id) >= after}
         return _finish(tasks, recent, ngram, overlap)
     if eval_fraction is None or not 0 < eval_fraction < 1:
         raise ValueError(f"eval fraction must be between 0 and 1, got {eval_fraction}")

@@ -9,7 +9,8 @@ a re-run recomputes nothing unchanged. The checks batch all tasks at once so eve
    ``env_repeat`` rounds over the slots (nondeterministic: a probe that differs flags every task
    of that environment and the probe's language);
 1. the reference, ``repeat`` times (flaky, reference_fails, slow_reference), the reference under
-   each of ``hash_seeds`` (nondeterministic; where the seeds disagree, once more per seed), and
+   each of ``hash_seeds`` (nondeterministic, the repeats counting as the default seed; where the
+   seeds disagree, once more per seed), and
    the degenerate completions (trivial_pass);
 2. mutants of the reference (weak_tests), only for tasks whose reference passed reliably, with a
    time limit scaled to the reference's own time (an infinite-loop mutant is killed early).
@@ -25,7 +26,7 @@ import hashlib
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,7 +47,8 @@ from sandloop.tasks import Task
 __all__ = ["CHECKS_VERSION", "ValidateConfig", "seeded_runner", "validate_tasks"]
 
 # Part of every check's store key: bump it when a check's meaning changes.
-CHECKS_VERSION = "1"
+# 2: seeded runs keep site-packages (an environment's pinned packages import under every seed).
+CHECKS_VERSION = "2"
 _ALL_TESTS = RewardConfig(mode="binary", on="all")
 # Mutant time limits are rounded up to one of these fractions of the task's own limit, so that
 # tasks share a few verifier configurations (and store keys stay stable across runs).
@@ -59,7 +61,10 @@ class ValidateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     repeat: int = Field(5, ge=2, description="reference runs for the flaky check")
-    hash_seeds: tuple[int, ...] = Field((1, 2, 3), description="PYTHONHASHSEED values tried")
+    # The range PYTHONHASHSEED accepts (and Task.hash_seed allows): a seed outside it would make
+    # every seeded run die at interpreter start-up and look like a verdict.
+    hash_seeds: tuple[Annotated[int, Field(ge=0, le=4294967295)], ...] = Field(
+        (1, 2, 3), description="PYTHONHASHSEED values tried")
     env_repeat: int = Field(3, ge=1, description="rounds of the environment probes over the slots")
     max_mutants: int = Field(12, ge=0, description="mutants per task (0: no mutation testing)")
     min_mutants: int = Field(3, ge=1, description="fewer mutants than this: no weak_tests verdict")
@@ -91,11 +96,13 @@ class _CheckVerifier(Verifier):
 _SEEDED = """\
 import os, sys
 # The hash seed is fixed when an interpreter starts, so the run re-executes the interpreter with
-# PYTHONHASHSEED set; the result channel (fd 3) and stdin (the plan) carry over.
+# PYTHONHASHSEED set; the result channel (fd 3) and stdin (the plan) carry over. -s, not -S:
+# the program must see the site-packages an unseeded run sees, or an environment's packages
+# fail to import under every seed and the verdicts differ from the default seed's for no reason.
 os.set_inheritable(3, True)
 _env = dict(os.environ, PYTHONHASHSEED="{seed}")
 _main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sl_seeded.py")
-os.execve(sys.executable, [sys.executable, "-S", _main], _env)
+os.execve(sys.executable, [sys.executable, "-s", _main], _env)
 """
 
 
@@ -338,8 +345,19 @@ async def validate_tasks(
     trivial = results_of("trivial")
     # Where the seeds disagree, each seed runs once more: a verdict that also varies under one
     # seed is flaky, one that is stable per seed but differs across seeds depends on the seed.
-    again = [t for t in with_ref if len({json.dumps(_verdicts(r), sort_keys=True)
-                                         for r in seeded.get(t.id, []) if r.reward is not None}) > 1]
+    # The repeats ran under the default seed: when they agree they are one more seed, so seeds
+    # that agree with each other but not with them (expected values recorded under the default
+    # seed, wrong under every other) run again too.
+    def _outcomes(rs: Sequence[CompletionResult]) -> set[str]:
+        return {json.dumps(_verdicts(r), sort_keys=True) for r in rs if r.reward is not None}
+
+    def _unsettled(t: Task) -> bool:
+        under_seeds, under_default = _outcomes(seeded.get(t.id, [])), _outcomes(
+            repeats.get(t.id, []))
+        return len(under_seeds) > 1 or (len(under_default) == 1 and bool(under_seeds)
+                                        and under_seeds != under_default)
+
+    again = [t for t in with_ref if _unsettled(t)]
     if again:
         batch = _Batch(run, store, concurrency, on_result)
         for seed in cfg.hash_seeds:
@@ -372,7 +390,12 @@ async def validate_tasks(
         # Runs under identical conditions (same seed) that disagree: flaky. Otherwise verdicts
         # that differ across seeds: nondeterministic, which also explains repeats that disagree
         # (each slot's interpreter has a hash seed of its own).
-        firsts = {s: v[0] for s, v in by_seed.items()}
+        firsts = {s.removeprefix("seed"): v[0] for s, v in by_seed.items()}
+        if by_seed and not varying:
+            # The default seed's verdicts count as one seed's (they are stable): without them,
+            # expected values that only hold under the default seed pass unnoticed when every
+            # --hash-seed fails them alike.
+            firsts = {"default": per_run[0], **firsts}
         by_hash = sorted({n for v in firsts.values() for n in v
                           if len({f.get(n) for f in firsts.values()}) > 1})
         flaky = sorted(set(within) | (set() if by_hash else set(varying)))
@@ -381,9 +404,9 @@ async def validate_tasks(
                  f"identical runs of the reference disagree on {len(flaky)} test(s): "
                  f"{', '.join(flaky[:5])} ({len(rs)} repeats, {len(by_seed)} seeds)")
         elif by_hash and ProblemCode.NONDETERMINISTIC in want:
+            order = sorted(firsts, key=lambda s: (s != "default", int(s) if s.isdigit() else 0))
             detail = "; ".join(f"{n}: " + ", ".join(
-                f"seed {s.removeprefix('seed')} {f.get(n)}" for s, f in sorted(firsts.items()))
-                for n in by_hash[:3])
+                f"seed {s} {firsts[s].get(n)}" for s in order) for n in by_hash[:3])
             flag(t.id, ProblemCode.NONDETERMINISTIC,
                  f"the reference's verdicts depend on PYTHONHASHSEED: {detail}")
         # Failing in every run, seeded ones included (a test that passes under some seed is the
@@ -468,14 +491,15 @@ async def validate_tasks(
             for dup in near_duplicates(others + mine, first_new=len(others), shingle=cfg.shingle,
                                      prompt_threshold=cfg.duplicate_threshold,
                                      same_solution_threshold=cfg.same_solution_threshold):
-                where = " (in the --against set)" if dup.other not in by_id else ""
+                # By position, not id: a task of the --against set may have the same id.
+                where = " (in the --against set)" if dup.other_index < len(others) else ""
                 flag(dup.id, ProblemCode.DUPLICATE,
                      f"near-duplicate of {dup.other}{where}: {dup.why}")
         if ProblemCode.CONTAMINATED in want:
             evals = [f for f, t in zip(mine, tasks, strict=True) if t.split == "eval"]
             trains = others + [f for f, t in zip(mine, tasks, strict=True) if t.split == "train"]
             for c in contamination(evals, trains, n=cfg.ngram, overlap=cfg.contamination_overlap):
-                where = " (in the --against set)" if c.other not in by_id else ""
+                where = " (in the --against set)" if c.other_index < len(others) else ""
                 flag(c.id, ProblemCode.CONTAMINATED,
                      f"eval task shares {c.why} with train task {c.other}{where}")
 

@@ -48,7 +48,7 @@ from sandloop.engine.errors import (
     SessionLimit,
     SessionLost,
 )
-from sandloop.engine.journal import Journal, content_digest, job_key
+from sandloop.engine.journal import Journal, content_digest, job_key, model_from_json, model_json
 from sandloop.engine.repeat import RepeatedResult, aggregate
 from sandloop.engine.retry import RetryPolicy
 from sandloop.engine.scheduling import Admission, FairQueue, QueueFull, TokenBucket
@@ -760,7 +760,7 @@ class Engine:
             self._make_job(n.program, n.limits, priority, client, None, None, journaled=False)
         if key is None and self.journal is None:
             return await self._graph(graph, priority, client, None, timeout_s, {})
-        text = graph.model_dump_json()
+        text = model_json(graph)
         digest = hashlib.sha256(text.encode()).hexdigest()
         scoped = (client, key if key is not None else "g:" + digest)
         same = self._graphs_inflight.get(scoped)
@@ -852,7 +852,7 @@ class Engine:
             raise RuntimeError("resume_graphs() needs a journal: Engine(journal=path)")
         pending = await asyncio.to_thread(self.journal.pending_graphs)
         tasks = {asyncio.ensure_future(self.run_graph(
-            Graph.model_validate_json(p.graph),
+            model_from_json(Graph, p.graph),
             priority=p.priority if priority is None else priority, client=p.client,
             key=p.key)): p.key for p in pending}
         remaining = set(tasks)

@@ -17,6 +17,7 @@ infrastructure failure the row is ``done`` and the whole result answers.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import threading
@@ -25,14 +26,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program
 from sandloop.store.sqlite import open_wal
 
 __all__ = ["GraphEntry", "Journal", "JournalEntry", "JournalError", "PendingGraph", "PendingJob",
-           "content_digest", "job_key"]
+           "content_digest", "job_key", "model_from_json", "model_json"]
 
 # 2: keys scoped per client (primary key (client, key)) and bound to the job's content digest.
 SCHEMA_VERSION = 2
@@ -76,9 +80,44 @@ class JournalError(EngineError, RuntimeError):
     """The journal file cannot be opened or has an incompatible schema."""
 
 
+M = TypeVar("M", bound=BaseModel)
+_BYTES_TAG = "\x00bytes"  # no file name or field holds a NUL: cannot collide with content
+
+
+def _tag_bytes(value: object) -> object:
+    if isinstance(value, bytes):
+        return {_BYTES_TAG: base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _untag_bytes(obj: dict[str, Any]) -> object:
+    if len(obj) == 1 and _BYTES_TAG in obj:
+        return base64.b64decode(obj[_BYTES_TAG])
+    return obj
+
+
+def model_json(model: BaseModel) -> str:
+    """``model`` (a program, a graph of them) as JSON text, whatever its files and stdin hold.
+
+    pydantic's JSON writes bytes as UTF-8 text and refuses bytes that are not (a binary input
+    file, a native task's encoded values): those are written base64-tagged instead, so that a
+    journaled job is never refused for its content. Bytes that are UTF-8 keep pydantic's form,
+    so existing digests and rows stay what they were.
+    """
+    try:
+        return model.model_dump_json()
+    except PydanticSerializationError:
+        return json.dumps(model.model_dump(), default=_tag_bytes, separators=(",", ":"))
+
+
+def model_from_json(cls: type[M], text: str) -> M:
+    """The ``cls`` that :func:`model_json` wrote (or pydantic's own JSON of one)."""
+    return cls.model_validate(json.loads(text, object_hook=_untag_bytes))
+
+
 def content_digest(program: Program, limits: Limits) -> str:
     """A hash of what runs and within which bounds (what an idempotency key is bound to)."""
-    blob = program.model_dump_json() + "\x1f" + limits.model_dump_json()
+    blob = model_json(program) + "\x1f" + limits.model_dump_json()
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -202,7 +241,7 @@ class Journal:
             rows = self._db.execute(
                 "SELECT key, client, priority, program, limits, attempts, digest FROM engine_jobs"
                 " WHERE state='pending' ORDER BY submitted_at, rowid").fetchall()
-        return [PendingJob(k, c, int(p), Program.model_validate_json(prog),
+        return [PendingJob(k, c, int(p), model_from_json(Program, prog),
                            Limits.model_validate_json(lim), int(a), str(d))
                 for k, c, p, prog, lim, a, d in rows]
 
@@ -228,7 +267,7 @@ class Journal:
         the client's key exists), dispatches ``(client, key)`` and outcomes
         ``(client, key, result)``, atomically."""
         now = time.time()
-        sub = [(c, k, d, p, prog.model_dump_json(), lim.model_dump_json(), now)
+        sub = [(c, k, d, p, model_json(prog), lim.model_dump_json(), now)
                for c, k, p, prog, lim, d in submitted]
         fin = [(*_encode_result(r), now, c, k) for c, k, r in finished]
         st = list(started)

@@ -194,6 +194,14 @@ class EnvSpec(BaseModel):
                                  "empty components (it lands under /opt/env)")
             if parts[0] in ("python", "node"):
                 raise ValueError(f"file {path!r}: python/ and node/ belong to the runtimes")
+        # A name that is also another's directory ("a" and "a/b") cannot be built: say so
+        # here, as bad input, not as the build's FileExistsError.
+        dirs = {path.rsplit("/", k)[0] for path in v for k in range(1, path.count("/") + 1)}
+        clash = sorted(dirs & set(v))
+        if clash:
+            inside = sorted(p for p in v if p.startswith(clash[0] + "/"))[0]
+            raise ValueError(f"files {clash[0]!r} and {inside!r} conflict: {clash[0]!r} cannot be "
+                             "both a file and a directory")
         return v
 
     @field_validator("env")

@@ -32,6 +32,7 @@ from sandloop.engine import (
     SessionExpired,
     SessionFull,
     SessionLost,
+    WorkspaceWriteError,
 )
 from sandloop.episodes.fileview import FileView
 from sandloop.episodes.grading import Grade, Shaping, grading_program, parse_report, public_counts
@@ -269,6 +270,10 @@ class Episode:
         except SessionFull as e:
             return None, {"error": f"files written since the last command did not fit and were "
                                    f"dropped; nothing ran: {e}"}
+        except WorkspaceWriteError as e:  # a path the work dir's state refuses (a file where
+            # a directory is needed, ...): the model's doing, so an observation, not a failure
+            return None, {"error": f"files written since the last command could not be "
+                                   f"written and were dropped; nothing ran: {e}"}
         try:
             if program is not None:
                 return await s.run_program(program, limits or self._limits), {}
@@ -295,9 +300,16 @@ class Episode:
             if bad is not None:
                 return {"error": bad}
         assert self._files is not None
+        encoded: dict[str, bytes] = {}
+        for p, c in files.items():
+            try:
+                encoded[p] = c.encode()
+            except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 text can hold it
+                return {"error": f"{p}: content is not valid Unicode text (character "
+                                 f"{e.start}: {e.reason})"}
         try:
-            if files:
-                await self._files.write({p: c.encode() for p, c in files.items()})
+            if encoded:
+                await self._files.write(encoded)
         except SessionFull as e:
             return {"error": str(e)}
         if delete:

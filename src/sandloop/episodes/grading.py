@@ -10,9 +10,14 @@ runs), and before importing anything from the repository it:
   nothing;
 - deletes test configuration the model added (``conftest.py`` anywhere, ``pytest.ini``, ...),
   which could otherwise mark failures as passes or deselect tests;
-- deletes every ``__pycache__`` (no planted bytecode for a restored test module);
+- deletes every ``__pycache__`` (no planted bytecode for a restored test module) and every
+  package metadata directory (``*.dist-info``, ``*.egg-info``) the repository did not have;
 - imports pytest from the interpreter's own packages before the repository is on ``sys.path``
-  (the repository is appended, not prepended: a model's ``pytest.py`` shadows nothing).
+  (the repository is appended, not prepended: a model's ``pytest.py`` shadows nothing);
+- turns off pytest's plugin autoload and loads the environment's ``pytest11`` plugins itself,
+  also before the repository is on ``sys.path``: a planted ``*.dist-info/entry_points.txt``
+  naming a module of the repository would otherwise be loaded as a plugin that passes
+  every test.
 
 Limit, stated plainly: the tests import the model's code into the same process, so code that
 deliberately attacks the test process (patching pytest's reporting from inside an imported
@@ -57,8 +62,11 @@ os.chdir("/sandbox")
 try:
     for root, dirs, files in os.walk(".", topdown=True):
         for d in list(dirs):
-            if d == "__pycache__":
-                shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+            p = os.path.normpath(os.path.join(root, d))
+            meta = d.endswith((".dist-info", ".egg-info")) and not any(
+                k.startswith(p + "/") for k in KNOWN)
+            if d == "__pycache__" or meta:
+                shutil.rmtree(p, ignore_errors=True)
                 dirs.remove(d)
         for f in files:
             p = os.path.normpath(os.path.join(root, f))
@@ -84,7 +92,16 @@ except OSError as e:
 
 sys.dont_write_bytecode = True
 sys.path[:] = [p for p in sys.path if p not in ("", ".", "/sandbox", "/tmp")]
+os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 import pytest  # noqa: E402  (before the repository is importable)
+from importlib.metadata import entry_points  # noqa: E402
+
+PLUGINS = []
+for ep in entry_points(group="pytest11"):  # the environment's own plugins only
+    try:
+        PLUGINS.append(ep.load())
+    except Exception:
+        pass
 sys.path.append("/sandbox")
 
 
@@ -104,7 +121,7 @@ class Collector:
 
 c = Collector()
 code = pytest.main(["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", "/sandbox",
-                    *IDS], plugins=[c])
+                    *IDS], plugins=[c, *PLUGINS])
 report({"results": c.results, "exit": int(code)})
 os._exit(0)
 '''

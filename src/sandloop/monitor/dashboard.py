@@ -26,6 +26,10 @@ svg{border:1px solid #e5e7eb;margin-top:10px;width:100%}
 "use strict";
 const W = 900, L = 44, R = 10, T = 18, B = 24;
 let steps = [], alerts = [], run = null, since = -1;
+// The page's own ?api_key= (servers with keys on) and ?run= (a run to watch; default: the
+// latest, followed as new runs start) go on to every data request.
+const page = new URLSearchParams(location.search);
+const apiKey = page.get("api_key"), pinned = page.get("run");
 const NS = "http://www.w3.org/2000/svg";
 function el(name, attrs, text) {
   const e = document.createElementNS(NS, name);
@@ -108,10 +112,23 @@ function draw() {
 async function poll() {
   try {
     const q = new URLSearchParams({since: String(since)});
-    if (run) q.set("run", run);
+    if (pinned) q.set("run", pinned);
+    if (apiKey) q.set("api_key", apiKey);
     const resp = await fetch("dashboard/data?" + q.toString(), {cache: "no-store"});
+    if (!resp.ok) {
+      document.getElementById("status").textContent = resp.status === 401
+        ? "unauthorized: open this page as /dashboard?api_key=YOUR_KEY"
+        : "error " + resp.status;
+      return;
+    }
     const data = await resp.json();
-    if (data.run !== run) { run = data.run; steps = []; since = -1; }
+    // Another run (a newer one started): its steps from the first, at the next poll when this
+    // answer held only those after the old run's last step.
+    if (data.run !== run) {
+      const partial = since >= 0;
+      run = data.run; steps = []; since = -1;
+      if (partial) return;
+    }
     for (const s of data.steps) if (s.step > since) { steps.push(s); since = s.step; }
     alerts = data.alerts;
     document.getElementById("status").textContent = "live";

@@ -17,7 +17,7 @@ import numpy as np
 
 from sandloop.monitor.stats import StepStats
 
-__all__ = ["ALERT_CODES", "DETECTORS", "Alert", "AuditOutcome", "Thresholds",
+__all__ = ["ALERT_CODES", "DETECTORS", "Alert", "AuditOutcome", "AuditRearm", "Thresholds",
            "detect_audit_failures", "detect_diversity_collapse", "detect_infra_degradation",
            "detect_reward_drift", "detect_signature_rise"]
 
@@ -277,3 +277,25 @@ def detect_audit_failures(outcomes: Sequence[AuditOutcome], th: Thresholds) -> l
                 f"fail the task's hidden tests under the hardened harness",
                 [o.to_dict() for o in bad[:5]], "audit"))
     return alerts
+
+
+class AuditRearm:
+    """The rearm rule for audit alerts, which come per step and, live, out of step order:
+    an audit alert is raised only when no step within ``rearm`` steps of it has fired before
+    (raised or held back), as the other detectors raise one alert per episode, again only
+    after ``rearm`` quiet steps. Steps whose audits did not fire count as quiet."""
+
+    def __init__(self, rearm: int) -> None:
+        self.rearm = rearm
+        self._fired: set[int] = set()
+
+    def admit(self, alerts: Sequence[Alert]) -> list[Alert]:
+        """The alerts to raise, in step order; every one of them counts as a firing step."""
+        out = []
+        for a in sorted(alerts, key=lambda a: a.step):
+            near = any(s in self._fired for s in range(a.step - self.rearm,
+                                                        a.step + self.rearm + 1))
+            self._fired.add(a.step)
+            if not near:
+                out.append(a)
+        return out

@@ -31,6 +31,7 @@ from sandloop.monitor.detectors import (
     ALERT_CODES,
     Alert,
     AuditOutcome,
+    AuditRearm,
     Thresholds,
     detect_audit_failures,
 )
@@ -54,11 +55,13 @@ class _RunAudit:
     picked: int = 0
     keys: set[tuple[str, str]] = field(default_factory=set)  # (task, sha256) picked already
     outcomes: dict[int, list[AuditOutcome]] = field(default_factory=dict)
-    alerted: set[int] = field(default_factory=set)  # steps an audit alert was raised for
+    alerted: set[int] = field(default_factory=set)  # steps whose audits fired (raised or not)
     pending: list[Alert] = field(default_factory=list)  # for the run's next record_rollouts
+    rearm: int = 5
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.rearmed = AuditRearm(self.rearm)
 
 
 class MonitorMetrics:
@@ -197,7 +200,7 @@ class LiveMonitor:
         with self._lock:
             st = self._audits.get(run)
             if st is None:
-                st = self._audits[run] = _RunAudit(run)
+                st = self._audits[run] = _RunAudit(run, rearm=th.rearm)
             st.seen += len(rollouts)
             budget = int(self.audit_share * st.seen) - st.picked
             if budget <= 0:
@@ -223,7 +226,8 @@ class LiveMonitor:
 
     def audit_done(self, outcomes: Sequence[AuditOutcome], run_id: str | None) -> list[Alert]:
         """Outcomes of audits ``audit_pick`` handed out: the alerts they raise (at most one
-        per step), added to the run's alerts and returned by its next ``record_rollouts``."""
+        per step, and none within ``thresholds.rearm`` steps of a step whose audits failed
+        before), added to the run's alerts and returned by its next ``record_rollouts``."""
         run = run_id or "default"
         th = self.thresholds or Thresholds()
         with self._lock:
@@ -233,16 +237,23 @@ class LiveMonitor:
             for o in outcomes:
                 st.outcomes.setdefault(o.step, []).append(o)
             steps = {o.step for o in outcomes} - st.alerted
-            alerts = detect_audit_failures(
+            fired = detect_audit_failures(
                 [o for s in sorted(steps) for o in st.outcomes[s]], th)
+            st.alerted.update(a.step for a in fired)
+            # A sustained hack fails the audits of step after step: one alert per episode.
+            alerts = st.rearmed.admit(fired)
             mon = self._monitor(run)
             for a in alerts:
-                st.alerted.add(a.step)
                 mon.alerts.append(a)
                 if self.metrics is not None:
                     self.metrics.on_alert(run, a)
             st.pending += alerts
             return alerts
+
+    def run_names(self) -> list[str]:
+        """The runs watched now, oldest first."""
+        with self._lock:
+            return list(self._runs)
 
     def snapshot(self, run: str | None = None, since: int = -1) -> dict[str, Any]:
         """The dashboard's data: the runs, and for ``run`` (default: the latest) its steps

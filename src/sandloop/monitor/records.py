@@ -75,50 +75,99 @@ class Rollout:
 
 _INT_FIELDS = ("public_passed", "public_total", "hidden_passed", "hidden_total")
 _STR_FIELDS = ("verdict", "run_id", "completion_id", "source")
+# The rollout log stores integers as SQLite INTEGER (signed 64 bits); a larger one would only
+# fail at the insert, far from the line that carried it.
+MAX_INT = 2**63 - 1
+# Larger rewards are not rewards: their squares overflow the step's std to inf.
+MAX_REWARD = 1e9
+
+
+def _int_problem(v: object) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        return "not a non-negative integer"
+    if v > MAX_INT:
+        return "over 2**63 - 1, the largest integer a rollout log holds"
+    return None
+
+
+def _finite(v: object) -> float | None:
+    """``v`` as a finite float, None when it is not a number or not finite."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)  # a 400-digit integer overflows here, not in math.isfinite's caller
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _str_problem(v: str) -> str | None:
+    # json.loads decodes "\ud800" to a lone surrogate; it would only fail when a report or an
+    # export encodes it, with no line to name. isascii() is O(1), so ASCII text costs nothing.
+    if v.isascii():
+        return None
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"not valid Unicode (lone surrogate at character {e.start})"
+    return None
 
 
 def rollout_from_dict(rec: dict[str, Any], where: str = "record") -> Rollout:
     """Validate one decoded log line. ``where`` (e.g. ``file:line``) prefixes every error."""
+    def bad(name: str, problem: str) -> LogFormatError:
+        return LogFormatError(f"{where}: field {name!r}: {problem}")
+
     step = rec.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise LogFormatError(f"{where}: field 'step': missing or not a non-negative integer")
+    if not isinstance(step, int) or _int_problem(step) is not None:
+        raise bad("step", "over 2**63 - 1, the largest integer a rollout log holds"
+                  if isinstance(step, int) and step > MAX_INT
+                  else "missing or not a non-negative integer")
     tid, text = rec.get("task_id"), rec.get("completion")
     if not isinstance(tid, str):
-        raise LogFormatError(f"{where}: field 'task_id': missing or not a string")
+        raise bad("task_id", "missing or not a string")
     if not isinstance(text, str):
-        raise LogFormatError(f"{where}: field 'completion': missing or not a string")
+        raise bad("completion", "missing or not a string")
     if "reward" not in rec:
-        raise LogFormatError(f"{where}: field 'reward': missing (use null when the "
-                             f"infrastructure failed)")
+        raise bad("reward", "missing (use null when the infrastructure failed)")
     reward = rec["reward"]
     if reward is not None:
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(
-                reward):
-            raise LogFormatError(f"{where}: field 'reward': not a finite number or null")
-        reward = float(reward)
+        reward = _finite(reward)
+        if reward is None or abs(reward) > MAX_REWARD:
+            raise bad("reward", f"not a finite number within +-{MAX_REWARD:g}, or null")
     group = rec.get("group")
-    if group is not None and not isinstance(group, str | int):
-        raise LogFormatError(f"{where}: field 'group': not a string or integer")
+    if group is not None:
+        if isinstance(group, int) and not isinstance(group, bool):
+            if abs(group) > MAX_INT:
+                raise bad("group", "integer out of range (over 2**63 - 1)")
+            group = str(group)
+        elif not isinstance(group, str):
+            raise bad("group", "not a string or integer")
     extra: dict[str, Any] = {}
     for name in _INT_FIELDS:
         v = rec.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise LogFormatError(f"{where}: field {name!r}: not a non-negative integer")
+        if v is not None and (problem := _int_problem(v)) is not None:
+            raise bad(name, problem)
         extra[name] = v
     for name in _STR_FIELDS:
         v = rec.get(name)
         if v is not None and not isinstance(v, str):
-            raise LogFormatError(f"{where}: field {name!r}: not a string")
+            raise bad(name, "not a string")
         extra[name] = v
     wall = rec.get("wall_time_s")
-    if wall is not None and (isinstance(wall, bool) or not isinstance(wall, int | float)):
-        raise LogFormatError(f"{where}: field 'wall_time_s': not a number")
+    if wall is not None:
+        wall = _finite(wall)
+        if wall is None or wall < 0:
+            raise bad("wall_time_s", "not a finite non-negative number")
     diff = rec.get("difficulty")
-    if diff is not None and (isinstance(diff, bool) or not isinstance(diff, str | int | float)):
-        raise LogFormatError(f"{where}: field 'difficulty': not a tier name or a number")
-    return Rollout(step=step, task_id=tid, completion=text, reward=reward,
-                   group=None if group is None else str(group),
-                   wall_time_s=None if wall is None else float(wall), difficulty=diff, **extra)
+    if diff is not None and not isinstance(diff, str) and _finite(diff) is None:
+        raise bad("difficulty", "not a tier name or a finite number")
+    for name, v in (("task_id", tid), ("completion", text), ("group", group),
+                    ("difficulty", diff), *((n, extra[n]) for n in _STR_FIELDS)):
+        if isinstance(v, str) and (problem := _str_problem(v)) is not None:
+            raise bad(name, problem)
+    return Rollout(step=step, task_id=tid, completion=text, reward=reward, group=group,
+                   wall_time_s=wall, difficulty=diff, **extra)
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -151,6 +200,8 @@ def read_log(path: Path | str) -> Iterator[Rollout]:
                 except json.JSONDecodeError as e:
                     raise LogFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
                                          f"{e.colno})") from None
+                except ValueError as e:  # an integer of over 4,300 digits (int_max_str_digits)
+                    raise LogFormatError(f"{path}:{lineno}: not valid JSON ({e})") from None
                 except RecursionError:  # [[[[...]]]]: the decoder's limit, not a crash
                     raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply") from None
                 if not isinstance(rec, dict):

@@ -7,6 +7,7 @@ analyze`` read while the trainer writes). Export to JSON lines (the log-file for
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -75,19 +76,104 @@ def _difficulty(v: str | None) -> str | float | None:
         return v
 
 
-class RolloutLog:
-    """Append-only SQLite log of rollouts. Thread-safe (one connection under a lock)."""
+# The result store and older rollout logs also keep meta(schema=1): this key tells the rollout
+# log from any other sandloop file.
+KIND = "rollouts"
+_OWN_TABLES = frozenset({"meta", "rollouts", "sqlite_sequence"})
 
-    def __init__(self, path: str | Path) -> None:
+
+def _kind_problem(db: sqlite3.Connection, path: str, *, writing: bool) -> str | None:
+    """Why the open SQLite file is not a rollout log (None: it is one, or it is empty)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    kind = None
+    if "meta" in tables:
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='kind'").fetchone()
+        except sqlite3.Error:  # someone else's meta table, without key/value columns
+            row = None
+        kind = None if row is None else str(row[0])
+    if kind == KIND or (not tables and writing):
+        return None
+    # Logs written before the kind key was kept: a rollouts table and nothing foreign. Only
+    # reading also takes a rollouts table among others (rollouts appended to another file by an
+    # older version stay readable; nothing is written there).
+    legacy = kind is None and "rollouts" in tables and (not writing or tables <= _OWN_TABLES)
+    if legacy:
+        return None
+    what = (f"a {kind!r} file" if kind is not None
+            else f"tables {', '.join(sorted(tables))}" if tables else "no tables")
+    return (f"{path} is a SQLite file but not a rollout log ({what}); "
+            + ("use a new file for the rollout log" if writing
+               else "give a rollout log (sandloop serve/score --rollout-log)"))
+
+
+def _open_readonly(path: str) -> sqlite3.Connection:
+    try:
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                             timeout=30.0)
+        problem = _kind_problem(db, path, writing=False)
+        if problem is None:
+            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is not None and int(row[0]) != SCHEMA_VERSION:
+                problem = (f"{path} has rollout log schema {row[0]}, this version reads "
+                           f"{SCHEMA_VERSION}")
+    except (sqlite3.Error, ValueError) as e:
+        raise RolloutLogError(f"cannot open rollout log {path}: {e}") from None
+    if problem is not None:
+        db.close()
+        raise RolloutLogError(problem)
+    return db
+
+
+def _check_before_writing(path: str) -> None:
+    """Refuse an existing SQLite file that is not a rollout log before anything is written to
+    it (``open_wal`` creates its tables in whatever it opens)."""
+    p = Path(path)
+    if path == ":memory:" or not is_sqlite(p):
+        return  # new, empty, or not SQLite at all (open_wal says so)
+    try:
+        db = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+        try:
+            problem = _kind_problem(db, path, writing=True)
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise RolloutLogError(f"cannot open rollout log {path}: {e}") from None
+    if problem is not None:
+        raise RolloutLogError(problem)
+
+
+class RolloutLog:
+    """Append-only SQLite log of rollouts. Thread-safe (one connection under a lock).
+
+    ``readonly``: open an existing rollout log for reading only (``analyze``, ``report``,
+    ``export``): nothing is created or written, not even the tables. Either way a SQLite file
+    that is not a rollout log is refused with ``RolloutLogError``.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = str(path)
-        self._db = open_wal(self.path, _DDL, meta_table="meta", schema_version=SCHEMA_VERSION,
-                            what="rollout log", error=RolloutLogError,
-                            hint="use a new rollout log file")
+        self.readonly = readonly
+        if readonly:
+            self._db = _open_readonly(self.path)
+        else:
+            _check_before_writing(self.path)
+            self._db = open_wal(self.path, _DDL, meta_table="meta",
+                                schema_version=SCHEMA_VERSION, what="rollout log",
+                                error=RolloutLogError, hint="use a new rollout log file")
+            try:
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('kind', ?)", (KIND,))
+            except sqlite3.Error as e:
+                self._db.close()
+                raise RolloutLogError(f"cannot open rollout log {self.path}: {e}") from None
         self._lock = threading.Lock()
 
     def append(self, rollouts: Iterable[Rollout], run_id: str = "default") -> int:
         """Record rollouts (one transaction); a rollout's own ``run_id`` wins over the
         argument. Returns how many were recorded."""
+        if self.readonly:
+            raise RolloutLogError(f"{self.path}: opened read-only")
         now = time.time()
         rows = [(r.run_id or run_id, r.step, r.group, r.task_id, r.completion_id, r.completion,
                  r.reward, r.verdict, r.public_passed, r.public_total, r.hidden_passed,

@@ -265,6 +265,11 @@ class StepAggregator:
         if not self._open or min(self._open) >= bound:
             return []
         done = sorted(s for s in self._open if s < bound)
-        out = [compute_step_stats(s, self._open.pop(s), self.scanner) for s in done]
+        # Every statistic first, then the buckets dropped: should one rollout make the
+        # computation raise, no step is lost (all stay open with their rollouts, and a later
+        # add or flush computes them again).
+        out = [compute_step_stats(s, self._open[s], self.scanner) for s in done]
+        for s in done:
+            del self._open[s]
         self._closed_upto = max(self._closed_upto, done[-1])
         return out

@@ -143,6 +143,7 @@ async def score_all(
     cache: ResultCache | None = None,
     concurrency: int = 8,
     on_result: Callable[[CompletionResult, bool], None] | None = None,
+    scope: str | None = None,
 ) -> list[CompletionResult]:
     """Score ``completions`` (results in input order), at most ``concurrency`` at once.
 
@@ -153,6 +154,10 @@ async def score_all(
     Identical completions of one task version (same store key) are verified once per call, the
     copies answered with their own ``completion_id``; with ``cache`` also once across calls
     (``on_result`` gets ``cached=True`` for those too).
+
+    ``scope``: stored results are shared only within it (the server passes the API key's id:
+    one tenant never receives, nor learns of, another's record, whose timings and, for a
+    nondeterministic completion, verdict would be the other's).
     """
     if isinstance(tasks, Mapping):
         of = [tasks[c.task_id] for c in completions]
@@ -161,7 +166,7 @@ async def score_all(
         if len(of) != len(completions):
             raise ValueError(f"{len(of)} tasks for {len(completions)} completions: give one "
                              "task per completion, or a mapping by task id")
-    cfg = verifier.config_hash()
+    cfg = verifier.config_hash() if scope is None else f"{verifier.config_hash()}@{scope}"
     keys = [ResultKey(c.task_id, t.version, _key_hash(c, t), cfg)
             for c, t in zip(completions, of, strict=True)]
     cached = store.get_many(keys) if store is not None else {}

@@ -38,9 +38,24 @@ __all__ = [
     "add_key",
     "generate_token",
     "hash_token",
+    "tenant_run",
+    "tenant_runs",
 ]
 
 ANONYMOUS = "anonymous"
+
+
+def tenant_run(key_id: str, run_id: str | None) -> str:
+    """The live monitor's name for ``key_id``'s training run ``run_id``: runs are the key's
+    own (one tenant's dashboard, statistics and alerts are never another's, and no one posts
+    into another's run). Without keys (one tenant on loopback) the run's own name."""
+    run = run_id or "default"
+    return run if key_id == ANONYMOUS else f"{key_id}/{run}"
+
+
+def tenant_runs(key_id: str, runs: list[str]) -> list[str]:
+    """Of the monitor's ``runs``, those of ``key_id`` (see :func:`tenant_run`)."""
+    return runs if key_id == ANONYMOUS else [r for r in runs if r.startswith(key_id + "/")]
 
 
 class KeysFileError(ServerError, InputError):

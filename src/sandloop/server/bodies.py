@@ -39,6 +39,8 @@ class RunBody(ExecRequest):
     timeout_s: float | None = Field(None, gt=0, le=86400, description="queueing + running")
     key: str | None = Field(None, max_length=256, description="idempotency key")
 
+MAX_STEP = 2**63 - 1  # the largest step a rollout log (SQLite INTEGER) holds
+
 
 class BatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -68,10 +70,13 @@ class ScoreBody(BaseModel):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     task_set: str | None = None
     priority: Priority = "train"
-    step: int | None = Field(None, ge=0, description="training step: recorded by the monitor "
-                                                     "(or header X-Sandloop-Step)")
-    group: str | None = Field(None, description="rollout group (header X-Sandloop-Group)")
-    run_id: str | None = Field(None, description="training run (header X-Sandloop-Run)")
+    step: int | None = Field(None, ge=0, le=MAX_STEP,
+                             description="training step: recorded by the monitor "
+                                         "(or header X-Sandloop-Step)")
+    group: str | None = Field(None, max_length=256,
+                              description="rollout group (header X-Sandloop-Group)")
+    run_id: str | None = Field(None, max_length=256,
+                               description="training run (header X-Sandloop-Run)")
 
 
 class TaskSampleBody(BaseModel):
@@ -98,7 +103,7 @@ class AlertBody(BaseModel):
     # The monitor's codes only: each is a Prometheus label value, so the set stays bounded.
     code: Literal["reward_hack_suspected", "reward_drift", "diversity_collapse",
                   "infra_degradation"]
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     detail: str = Field("", max_length=4096)
     evidence: list[dict[str, Any]] = Field(default_factory=list, max_length=20)
 

@@ -9,7 +9,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandloop.monitor.dashboard import DASHBOARD_HTML
-from sandloop.server.dependencies import Key, StateDep, url_key
+from sandloop.server.auth import tenant_run, tenant_runs
+from sandloop.server.dependencies import StateDep, UrlKey, url_key
 from sandloop.server.errors import ERROR_RESPONSES, error_response
 
 __all__ = ["router"]
@@ -51,7 +52,12 @@ async def dashboard() -> HTMLResponse:
 
 
 @router.get("/dashboard/data", tags=["monitor"])
-async def dashboard_data(key: Key, state: StateDep, run: str | None = None,
+async def dashboard_data(key: UrlKey, state: StateDep, run: str | None = None,
                          since: int = -1) -> dict[str, Any]:
-    """Per-step statistics after step ``since`` and the alerts of a run (default: latest)."""
-    return state.monitor.snapshot(run, since)
+    """Per-step statistics after step ``since`` and the alerts of one of the key's runs
+    (default: its latest); ``runs`` lists the key's runs only."""
+    mine = tenant_runs(key.id, state.monitor.run_names())
+    name = tenant_run(key.id, run) if run is not None else (mine[-1] if mine else None)
+    if name is None or name not in mine:
+        return {"runs": mine, "run": name, "steps": [], "alerts": []}
+    return {**state.monitor.snapshot(name, since), "runs": mine}

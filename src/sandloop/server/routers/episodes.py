@@ -71,13 +71,14 @@ def episodes_router(config: ServerConfig) -> APIRouter:
                 sets[name] = {t.id: t for t in loaded}
         task = sets[name].get(task_id)
         if task is None:
-            raise Refused(404, f"no task {task_id!r} in set {name!r}")
+            raise Refused(404, f"no task {task_id!r} in set {name!r}", code="task_not_found")
         return task
 
     def episode_of(pol: KeyPolicy, eid: str) -> Episode:
         entry = episodes.get(eid)
         if entry is None or entry[1] != pol.id:
-            raise Refused(404, f"no episode {eid!r} (deleted, or not yours)")
+            raise Refused(404, f"no episode {eid!r} (deleted, or not yours)",
+                          code="episode_not_found")
         return entry[0]
 
     def prune() -> None:
@@ -121,7 +122,8 @@ def episodes_router(config: ServerConfig) -> APIRouter:
         are charged to the key like a run (429 once its quota or rate is spent)."""
         ep = episode_of(pol, eid)
         if ep.done:  # refused before charging: a call that cannot run spends nothing
-            raise Refused(409, f"episode {eid} ended ({ep.ended_by}); start a new episode")
+            raise Refused(409, f"episode {eid} ended ({ep.ended_by}); start a new episode",
+                          code="episode_finished")
         try:
             if body.tool in RUNNING_TOOLS:
                 with quota.charge(1):
@@ -129,7 +131,7 @@ def episodes_router(config: ServerConfig) -> APIRouter:
             else:
                 obs = await ep.call(body.tool, body.arguments)
         except EpisodeFinished as e:
-            raise Refused(409, str(e)) from None
+            raise Refused(409, str(e), code="episode_finished") from None
         return {"observation": obs, "done": ep.done}
 
     @router.get("/v1/episodes/{eid}")

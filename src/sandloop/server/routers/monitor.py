@@ -16,7 +16,7 @@ from sandloop.monitor.detectors import Alert
 from sandloop.monitor.records import LogFormatError, Rollout, rollout_from_dict
 from sandloop.reward import CompletionResult, RewardConfig
 from sandloop.reward.scoring import Completion
-from sandloop.server.auth import Refused
+from sandloop.server.auth import Refused, tenant_run
 from sandloop.server.bodies import RolloutsBody, ScoreItemBody
 from sandloop.server.dependencies import Key, Quota, QuotaDep, StateDep
 from sandloop.server.errors import ERROR_RESPONSES, RequestError
@@ -52,11 +52,11 @@ async def rollouts(key: Key, quota: QuotaDep, state: StateDep,
     # The served task sets, loaded once: the detectors then know their tests (rollouts of
     # other tasks get the task-blind signatures).
     await state.tasks_for(None)
-    raised = state.monitor.record_rollouts(parsed, body.run_id, alerts=given,
-                                           final=body.final)
-    picked = state.monitor.audit_pick(parsed, body.run_id, state.known_tasks)
+    run = tenant_run(key.id, body.run_id)
+    raised = state.monitor.record_rollouts(parsed, run, alerts=given, final=body.final)
+    picked = state.monitor.audit_pick(parsed, run, state.known_tasks)
     if picked:
-        task = asyncio.create_task(_audit(state, quota, picked, body.run_id))
+        task = asyncio.create_task(_audit(state, quota, picked, run))
         state.background.add(task)
         task.add_done_callback(state.background.discard)
     return {"recorded": len(parsed), "alerts": [a.to_dict() for a in raised]}

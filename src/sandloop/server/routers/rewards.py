@@ -10,7 +10,8 @@ from sandloop.engine import Engine
 from sandloop.reward import CompletionResult, RewardConfig, Verifier
 from sandloop.reward.scoring import Completion, score_all
 from sandloop.sandbox.models import ExecResult, Limits, Program
-from sandloop.server.bodies import Priority, ScoreBody, ScoreItemBody
+from sandloop.server.auth import tenant_run
+from sandloop.server.bodies import MAX_STEP, Priority, ScoreBody, ScoreItemBody
 from sandloop.server.dependencies import EngineDep, Key, Quota, QuotaDep, StateDep
 from sandloop.server.disconnect import until_disconnect
 from sandloop.server.errors import ERROR_RESPONSES, RequestError
@@ -54,7 +55,7 @@ async def score(state: ServerState, engine: Engine, quota: Quota, items: list[Sc
     verifier = Verifier(observed, reward=reward)
     with quota.charge(len(items)):
         results = await score_all(by_id, comps, verifier, store=state.store,
-                                  concurrency=4 * engine.backend.slots)
+                                  concurrency=4 * engine.backend.slots, scope=quota.key.id)
     for r in results:
         state.metrics.verdicts.labels(r.verdict.value).inc()
     return results
@@ -64,26 +65,42 @@ async def score(state: ServerState, engine: Engine, quota: Quota, items: list[Sc
 async def score_endpoint(request: Request, quota: QuotaDep, state: StateDep, engine: EngineDep,
                          body: ScoreBody) -> dict[str, Any]:
     """Score completions against tasks (by id from a served task set, or given inline)."""
+    step = training_step(request, body)  # a bad header is a 400 before anything is charged
     results = await until_disconnect(request, score(
         state, engine, quota, body.items, body.reward, body.task_set, body.priority))
-    record_rollouts(state, request, body, results)
+    if step is not None:
+        record_rollouts(state, request, body, results, step, quota.key.id)
     return {"results": [r.model_dump(mode="json") for r in results]}
 
 
-def record_rollouts(state: ServerState, request: Request, body: ScoreBody,
-                    results: list[CompletionResult]) -> None:
-    """Scores that come with a training step go to the monitor (body field or header)."""
-    h = request.headers
-    raw = body.step if body.step is not None else h.get("x-sandloop-step")
+def training_step(request: Request, body: ScoreBody) -> int | None:
+    """The training step the scores come with (body field, else header X-Sandloop-Step), or
+    None; RequestError (400) for a header that is not one."""
+    for name in ("x-sandloop-group", "x-sandloop-run"):
+        if len(request.headers.get(name, "")) > 256:
+            raise RequestError(f"{name}: longer than 256 characters")
+    if body.step is not None:
+        return body.step
+    raw = request.headers.get("x-sandloop-step")
     if raw is None:
-        return
+        return None
     try:
         step = int(raw)
     except ValueError:
         raise RequestError(f"X-Sandloop-Step: not an integer: {raw!r}") from None
+    if not 0 <= step <= MAX_STEP:
+        raise RequestError(f"X-Sandloop-Step: {raw!r} is not in [0, 2**63 - 1]")
+    return step
+
+
+def record_rollouts(state: ServerState, request: Request, body: ScoreBody,
+                    results: list[CompletionResult], step: int, key_id: str) -> None:
+    """Scores that come with a training step go to the monitor (body field or header), in
+    the key's own run."""
+    h = request.headers
     state.monitor.record(results, [i.completion for i in body.items], step=step,
                          group=body.group or h.get("x-sandloop-group"),
-                         run_id=body.run_id or h.get("x-sandloop-run"),
+                         run_id=tenant_run(key_id, body.run_id or h.get("x-sandloop-run")),
                          groups=[i.group for i in body.items])
 
 
