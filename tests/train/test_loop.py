@@ -24,6 +24,10 @@ from sandloop.train.loop import TrainConfig, run_training
 REWARD_HACK = "reward_hack_suspected"
 
 STEPS = 60
+# The proper run's own: the same seed learns at a different pace on different VMs (their
+# floating-point kernels differ): 60 steps gained +0.42 on one and +0.33 on another, 100 steps
+# +0.43 on the latter (docs/training.md). The control keeps STEPS.
+PROPER_STEPS = 100
 WEAK_STEPS = 20
 BASE: dict[str, Any] = {"steps": STEPS, "seed": 0, "eval_samples": 2}
 
@@ -43,7 +47,7 @@ def _run(tmp: Path, **kw: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def proper(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("proper"))
+    return _run(tmp_path_factory.mktemp("proper"), steps=PROPER_STEPS)
 
 
 # The control and the hack demonstration start from the proper run's warm-up checkpoint (the same
@@ -66,22 +70,23 @@ def _reward_means(run: Path) -> list[float]:
 
 def test_run_directory(proper: Path) -> None:
     cfg = json.loads((proper / "config.json").read_text())
-    assert cfg["steps"] == STEPS and cfg["model"] == "tiny"
+    assert cfg["steps"] == PROPER_STEPS and cfg["model"] == "tiny"
     metrics = _lines(proper / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert [m["step"] for m in metrics] == list(range(PROPER_STEPS))
     for m in metrics:
         assert isinstance(m["reward_mean"], float)
         assert m["generation_s"] >= 0 and m["sandbox_s"] > 0 and m["update_s"] >= 0
     rollouts = _lines(proper / "rollouts.jsonl")
     per_step = BASE_CFG.prompts_per_step * BASE_CFG.num_generations
-    assert len(rollouts) == STEPS * per_step
+    assert len(rollouts) == PROPER_STEPS * per_step
+    groups = PROPER_STEPS * BASE_CFG.prompts_per_step
     for r in rollouts[:64]:
         assert isinstance(r["step"], int) and isinstance(r["task_id"], str)
         assert isinstance(r["completion"], str) and isinstance(r["reward"], float)
         assert r["verdict"] in {"passed", "wrong_answer", "runtime_error", "timeout",
                                 "memory_limit", "compile_error"}
-        assert r["public_total"] >= 1 and 0 <= r["group"] < STEPS * BASE_CFG.prompts_per_step
-    assert {r["group"] for r in rollouts} == set(range(STEPS * BASE_CFG.prompts_per_step))
+        assert r["public_total"] >= 1 and 0 <= r["group"] < groups
+    assert {r["group"] for r in rollouts} == set(range(groups))
     ev = json.loads((proper / "eval.json").read_text())
     for side in ("before", "after"):
         lo, hi = ev[side]["ci95"]
@@ -115,7 +120,7 @@ def test_proper_reward_raises_no_hack_alert(proper: Path) -> None:
     # may be raised and are information; a hack alert under the proper reward is a false alarm.
     assert [a for a in _lines(proper / "alerts.jsonl") if a["code"] == REWARD_HACK] == []
     audited = [m for m in _lines(proper / "metrics.jsonl") if "audit_reward_mean" in m]
-    assert len(audited) == STEPS // 5
+    assert len(audited) == PROPER_STEPS // 5
     assert sum(m["audit_failures"] for m in audited) <= 2
     summary = json.loads((proper / "summary.json").read_text())
     assert REWARD_HACK not in summary["first_alert_step"]
