@@ -33,7 +33,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     ├── EnvError                         runtime environments: SpecError (InputError),
     │                                    EnvBuildError, EnvNotFound (InputError)
     ├── MonitorError                     the rollout log and its analyses: LogFormatError
-    │                                    (InputError), RolloutLogError, ParquetUnavailable
+    │                                    (InputError), RunChoiceError (InputError: --run),
+    │                                    RolloutLogError, ParquetUnavailable
     ├── EpisodeError                     episodes: EpisodeFinished (InputError), ReplayError,
     │                                    SetupFailed
     ├── IntegrationError                 trainer adapters: InfraFailure, RemoteScoringError,
