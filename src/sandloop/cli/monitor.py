@@ -57,9 +57,15 @@ class RunChoiceError(MonitorError, InputError):
     """The log's runs and ``--run`` do not single out one run."""
 
 
-def _run_names(ids: Sequence[str | None]) -> str:
-    shown = ", ".join("(no run_id)" if i is None else repr(i) for i in ids[:20])
-    return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+def _check_run(log: Path, run: str | None, runs: Sequence[str | None]) -> None:
+    """RunChoiceError unless ``run`` (None: the only one) singles out one of ``runs``."""
+    shown = ", ".join("(no run_id)" if i is None else repr(i) for i in runs[:20])
+    shown += f" and {len(runs) - 20} more" if len(runs) > 20 else ""
+    if run is not None and run not in runs:
+        raise RunChoiceError(f"{log}: --run {run!r}: no such run; the log holds "
+                             f"{shown or 'no rollouts'}")
+    if run is None and len(runs) > 1:
+        raise RunChoiceError(f"{log} holds {len(runs)} runs: {shown}; choose one with --run")
 
 
 def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
@@ -71,32 +77,16 @@ def _rollouts(log: Path, run: str | None) -> Iterator[Rollout]:
 
     if is_sqlite(log):
         with RolloutLog(log, readonly=True) as db:
-            runs: list[str | None] = list(db.runs())
-            if run is not None and run not in runs:
-                raise RunChoiceError(f"{log}: --run {run!r}: no such run; the log holds "
-                                     f"{_run_names(runs) or 'no rollouts'}")
-            if run is None and len(runs) > 1:
-                raise RunChoiceError(f"{log} holds {len(runs)} runs: {_run_names(runs)}; "
-                                     f"choose one with --run")
+            _check_run(log, run, list(db.runs()))
             yield from db.rollouts(run)
         return
-    seen: dict[str | None, None] = {}
-    matched = False
+    seen: dict[str | None, None] = {}  # the runs, in order of appearance
     for r in read_log(log):
         seen.setdefault(r.run_id)
-        if run is not None:
-            if r.run_id == run:
-                matched = True
-                yield r
-        elif len(seen) == 1:
+        if r.run_id == run if run is not None else len(seen) == 1:
             yield r
     # The rest of the file was still read (and checked), so the error names every run.
-    if run is not None and not matched:
-        raise RunChoiceError(f"{log}: --run {run!r}: no such run; the log holds "
-                             f"{_run_names(list(seen)) or 'no rollouts'}")
-    if run is None and len(seen) > 1:
-        raise RunChoiceError(f"{log} holds {len(seen)} runs: {_run_names(list(seen))}; "
-                             f"choose one with --run")
+    _check_run(log, run, list(seen))
 
 
 def _scorer(tasks: str, db: Path | None, no_db: bool, slots: int | None,
@@ -263,9 +253,8 @@ def export(
     errors: tuple[type[Exception], ...] = (ParquetUnavailable, *_load_errors())
     try:
         with RolloutLog(db_path, readonly=True) as db:
-            if run is not None and run not in db.runs():
-                raise RunChoiceError(f"{db_path}: --run {run!r}: no such run; the log holds "
-                                     f"{_run_names(list(db.runs())) or 'no rollouts'}")
+            if run is not None:  # export without --run takes every run
+                _check_run(db_path, run, list(db.runs()))
             n = (db.export_parquet(output, run) if output.suffix == ".parquet"
                  else db.export_jsonl(output, run))
     except errors as e:

@@ -43,6 +43,7 @@ _SPACELESS = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff"
                         "\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
                         "\U00020000-\U0003ffff]")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_ASCII_WORD = re.compile(r"[a-z0-9_]+")
 
 
 class _Binder(ast.NodeVisitor):
@@ -157,6 +158,8 @@ def code_tokens(code: str) -> list[str]:
 def _words(text: str) -> list[str]:
     """Case-folded (NFKC) words of ``text``: runs of letters, digits, marks and ``_``, except
     that each character of a spaceless script is a word of its own."""
+    if text.isascii():  # NFKC and casefold change nothing there but case: the same words
+        return _ASCII_WORD.findall(text.lower())
     out: list[str] = []
     word: list[str] = []
     for ch in unicodedata.normalize("NFKC", text).casefold():
