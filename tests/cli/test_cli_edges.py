@@ -210,8 +210,10 @@ def test_score_out_follows_the_umask(tmp_path: Path) -> None:
 # -- progress ----------------------------------------------------------------------------------
 def test_score_progress_lines_without_a_tty(tmp_path: Path) -> None:
     c = completions(tmp_path, per_task=3, tasks=8)
+    # A tick well under the run's length: 24 completions (8 distinct runs) on a warm pool can
+    # take under 50 ms, and a run shorter than one tick prints no line at all.
     r = sh("score", "--tasks", "humaneval", "--completions", str(c), "--no-db",
-           env={"SANDLOOP_PROGRESS_INTERVAL_S": "0.05"})
+           env={"SANDLOOP_PROGRESS_INTERVAL_S": "0.002"})
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("scoring: ")]
     assert lines, r.stderr
