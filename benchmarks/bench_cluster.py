@@ -7,13 +7,14 @@ All figures come from one run:
      - wall per run: runs one at a time (each run's own wall, submit to result: the Ray path's
        per-call cost is all in it), median over the runs; target Ray <= 1.3x local;
      - throughput: a batch that keeps every slot busy; target Ray >= 80 % of local.
-     Needs `pip install 'sandloop[ray]'`; skipped without it.
+     Runs take each node's direct channel (engine.channel); --no-channel: a Ray actor call
+     each (the path before it, and the one a node falls back to). Needs `pip install 'sandloop[ray]'`; skipped without it.
   2. simulation: 50 FAKE in-process nodes (ScriptedNodes: no Ray, no sandboxes; each run is an
      asyncio sleep) behind the real ClusterBackend and engine, 10,000 slots, 30,000 jobs with
      10,000 in flight at once: dispatch rate (placements + completions per second of the
      driver) and the driver's memory.
 
-    .venv/bin/python benchmarks/bench_cluster.py [--quick] [--no-ray]
+    .venv/bin/python benchmarks/bench_cluster.py [--quick] [--no-ray] [--no-channel]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from sandloop import Limits, Program, Status
 from sandloop.engine import Engine
 from sandloop.engine.cluster import ClusterBackend
+from sandloop.engine.ray_backend import RayBackend
 from sandloop.engine.testing import ScriptedBackend, ScriptedNodes
 from sandloop.sandbox.models import ExecResult
 
@@ -62,9 +64,10 @@ async def _one_at_a_time(engine: Engine, n: int) -> list[float]:
     return walls
 
 
-async def bench_ray_vs_local(n: int, rounds: int, singles: int) -> None:
+async def bench_ray_vs_local(n: int, rounds: int, singles: int, channel: bool) -> None:
+    transport = "channel" if channel else "ray"
     print(f"== 1. {n:,} trivial isolated runs: local engine vs Ray cluster, {CORES} cores each, "
-          f"{rounds} alternating rounds (medians)")
+          f"{rounds} alternating rounds (medians); runs reach the nodes by: {transport}")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "engine"))
     from ray_cluster import LocalRayCluster  # the tests' cluster: nodes of 1 CPU on 127.0.0.1
 
@@ -74,7 +77,7 @@ async def bench_ray_vs_local(n: int, rounds: int, singles: int) -> None:
     ray_walls: list[float] = []
     try:
         async with Engine(slots=2 * CORES, cpus=CORES) as local, \
-                Engine(cluster="ray", address=cluster.address) as eng:
+                Engine(RayBackend(cluster.address, channel=channel)) as eng:
             while eng.backend.slots < 2 * CORES:
                 await asyncio.sleep(0.2)
             print(f"   cluster of {CORES} nodes up in {time.perf_counter() - t0:.1f} s")
@@ -88,6 +91,12 @@ async def bench_ray_vs_local(n: int, rounds: int, singles: int) -> None:
                 ray_one += await _one_at_a_time(eng, singles)
                 local_walls.append(await _batch(local, n))
                 ray_walls.append(await _batch(eng, n))
+            # What the figures claim: the Ray path's runs ran on the cluster's nodes, every
+            # one (warm-up, singles, batches), over the transport named above.
+            status = eng.backend.status()  # type: ignore[attr-defined]
+            ran = sum(s.runs for s in status)
+            assert ran == min(200, n) + rounds * (singles + n), (ran, status)
+            assert len(status) == CORES and all(s.transport == transport for s in status), status
     finally:
         cluster.shutdown()
     lo, ro = statistics.median(local_one), statistics.median(ray_one)
@@ -171,6 +180,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller batches")
     ap.add_argument("--no-ray", action="store_true", help="only the simulation")
+    ap.add_argument("--no-channel", action="store_true",
+                    help="runs as Ray actor calls, not over the nodes' direct channels")
     args = ap.parse_args()
     # A shared machine's load skews both paths: say what it was (figures are same-run ratios).
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
@@ -182,7 +193,7 @@ async def main() -> None:
             print("== 1. skipped: pip install 'sandloop[ray]'")
         else:
             await bench_ray_vs_local(300 if args.quick else 1000, 2 if args.quick else 3,
-                                     50 if args.quick else 100)
+                                     50 if args.quick else 100, not args.no_channel)
     await bench_simulation(50, 10_000 if args.quick else 30_000, 200, 1.0)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

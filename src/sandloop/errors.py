@@ -25,7 +25,8 @@ is a bug. Each layer's base says where a failure came from, and ``InputError`` (
     │                                    IdempotencyConflict (InputError), SessionFull (InputError),
     │                                    QueueFull, ResourceTooLarge (InputError), SessionClosed,
     │                                    SessionExpired, SessionLimit, SessionLost, JournalError,
-    │                                    ClusterUnavailable, NodeLost
+    │                                    ClusterUnavailable, NodeLost, RemoteRunError,
+    │                                    RemoteInputError (InputError)
     ├── TaskError                        task data: TaskFormatError, LabelError, PatchError,
     │                                    SignatureError (InputError)
     ├── RewardError                      verification and scoring: CompletionFileError (InputError)

@@ -76,12 +76,32 @@ async def test_thousand_programs_over_three_nodes_match_a_local_run(
                 break
             await asyncio.sleep(0.2)
         remote = {i: r async for i, r in eng.stream(programs)}
-        spread = [s.runs for s in eng.backend.status()]  # type: ignore[attr-defined]
+        status = eng.backend.status()  # type: ignore[attr-defined]
     async with Engine(slots=2) as local_eng:
         local = {i: r async for i, r in local_eng.stream(programs)}
     assert sorted(remote) == list(range(1000))
     assert [_key(remote[i]) for i in range(1000)] == [_key(local[i]) for i in range(1000)]
+    spread = [s.runs for s in status]
     assert len(spread) == 3 and all(n > 0 for n in spread), spread
+    assert all(s.transport == "channel" for s in status)  # runs took the direct channel
+
+
+async def test_without_the_channel_every_run_is_a_ray_call_with_the_same_results(
+        cluster: LocalRayCluster) -> None:
+    from sandloop.engine.ray_backend import RayBackend
+
+    programs = _mixed(60)
+    async with Engine(RayBackend(cluster.address, channel=False)) as eng:
+        for _ in range(100):
+            if eng.backend.slots >= 6:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.2)
+        remote = {i: r async for i, r in eng.stream(programs)}
+        status = eng.backend.status()  # type: ignore[attr-defined]
+    async with Engine(slots=2) as local_eng:
+        local = {i: r async for i, r in local_eng.stream(programs)}
+    assert [_key(remote[i]) for i in range(60)] == [_key(local[i]) for i in range(60)]
+    assert status and all(s.transport == "ray" for s in status)
 
 
 async def test_sandloop_exec_batch_with_ray_prints_what_the_local_path_prints(
@@ -280,6 +300,8 @@ async def test_large_inputs_ship_once_per_node_and_cluster_status_reports_each_p
     # Each node fetched the file once, however many of the 60 runs it took.
     assert all(r["shipped_fetches"] <= 1 for r in pools), pools
     assert all({"slots", "running", "queued", "runs_per_s", "failures"} <= set(r) for r in pools)
+    # Each pool serves the direct channel, and nobody failed to present its secret.
+    assert all(r["channel"] == "serving" and r["channel_refused"] == 0 for r in pools), pools
 
 
 def test_sandloop_score_with_ray_gives_the_local_rewards(

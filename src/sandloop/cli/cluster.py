@@ -16,7 +16,8 @@ from sandloop.cli.output import results_stdout as results_stdout  # its former h
 cluster_app = typer.Typer(help="The Ray cluster sandloop runs on (docs/cluster.md).",
                           no_args_is_help=True)
 
-_COLUMNS = ("slots", "running", "queued", "runs", "runs_per_s", "failures", "sessions")
+_COLUMNS = ("slots", "running", "queued", "runs", "runs_per_s", "failures", "sessions",
+            "channel", "channel_refused")
 
 
 def cluster_nodes(address: str | None, timeout_s: float = 10.0) -> list[dict[str, Any]]:

@@ -75,6 +75,11 @@ class NodeClient(Protocol):
         """The node's pool isolation level (``unavailable``: it cannot run untrusted code)."""
         ...
 
+    @property
+    def transport(self) -> str:
+        """How runs reach the node now (``channel``, ``ray``: for status and metrics)."""
+        ...
+
     async def execute(self, program: Program, limits: Limits) -> ExecResult: ...
 
     async def open_workspace(self, limits: Limits, *, environment: str | None = None
@@ -125,6 +130,7 @@ class NodeStatus:
     failures: int = 0
     runs_per_s: float = 0.0
     reason: str = ""
+    transport: str = ""  # how runs reach the node: "channel" (direct), "ray" (actor calls)
 
 
 @dataclass
@@ -384,7 +390,7 @@ class ClusterBackend:
             out.append(NodeStatus(
                 n.info.node_id, n.info.address, "lost" if n.lost else "ready", n.info.slots,
                 n.info.cpus, n.info.memory_mb, n.running, n.queued, n.free_memory_mb, n.runs,
-                n.failures, round(recent / RATE_WINDOW_S, 3)))
+                n.failures, round(recent / RATE_WINDOW_S, 3), transport=n.client.transport))
         for n in self._retiring:
             out.append(NodeStatus(
                 n.info.node_id, n.info.address, "retiring", n.info.slots, n.info.cpus,

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sandloop.engine.backends import copy_base_in
+from sandloop.engine.channel import SECRET_BYTES, ChannelClient, ChannelServer, channel_allowed
 from sandloop.engine.cluster import (
     RATE_WINDOW_S,
     ClusterBackend,
@@ -123,12 +124,17 @@ class NodePoolActor:
     """Lives on one node (a Ray actor) and owns its ``SandboxPool``.
 
     Methods are coroutines: Ray runs many at once on the actor's event loop, as the pool's
-    slots allow. Workspaces (sessions) stay here; the driver holds only their ids.
+    slots allow. Workspaces (sessions) stay here; the driver holds only their ids. Given a
+    ``channel_secret``, it also serves plain runs on a direct channel (``engine.channel``).
     """
 
     def __init__(self, slots: int, cpus: float, isolation: str, preload: Sequence[str],
-                 warm_modules: dict[str, str] | None = None) -> None:
+                 warm_modules: dict[str, str] | None = None,
+                 channel_secret: bytes | None = None) -> None:
         self.slots = slots
+        self._channel = None if channel_secret is None else ChannelServer(
+            channel_secret, lambda program, limits: self.execute(program, limits, {}))
+        self._closed = asyncio.Event()
         # The node's CPU budget, kept here as the local engine keeps it: at most `cpus` cores'
         # worth of programs run at once, and a run's CPU goes to the next one as soon as its
         # program ends (its cleanup and the result's trip to the driver overlap that run).
@@ -158,7 +164,9 @@ class NodePoolActor:
                 "failures": self.failures, "runs_per_s": round(recent / RATE_WINDOW_S, 3),
                 "sessions": len(self.workspaces), "isolation": self.pool.isolation_level,
                 "shipped_fetches": self.shipped_fetches, "host": socket.gethostname(),
-                "pid": os.getpid()}
+                "pid": os.getpid(),
+                "channel": "off" if self._channel is None else "serving",
+                "channel_refused": 0 if self._channel is None else self._channel.refused}
 
     async def _take_cpu(self, want: float) -> None:
         while want > self._free_cpus + 1e-9:
@@ -206,8 +214,22 @@ class NodePoolActor:
 
     async def start(self) -> dict[str, Any]:
         await self.pool.start()
-        return {"isolation": self.pool.isolation_level, "pid": os.getpid(),
-                "host": socket.gethostname()}
+        info: dict[str, Any] = {"isolation": self.pool.isolation_level, "pid": os.getpid(),
+                                "host": socket.gethostname()}
+        if self._channel is not None:
+            import ray
+
+            # The node's own address (the one Ray reaches it on), not every interface.
+            address = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+            try:
+                info["channel"] = (address, await self._channel.start(address))
+            except OSError as e:  # the driver then uses Ray calls for every run
+                log.warning("cluster channel not started on %s: %s", address, e)
+        return info
+
+    async def watch(self) -> None:
+        """Returns when the actor closes; raises on the driver when it dies (Ray says so)."""
+        await self._closed.wait()
 
     async def _inflate(self, program: Program, shipped: Mapping[str, tuple[str, Any]]) -> Program:
         """Put back the inputs the driver shipped through the object store (one fetch per
@@ -282,6 +304,9 @@ class NodePoolActor:
             await self.pool.close_workspace(ws)
 
     async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._closed.set()
         await self.pool.close()
 
 
@@ -332,13 +357,38 @@ class _Shipper:
 
 
 class _RayNodeClient:
-    """Calls into one node's ``NodePoolActor``; a dead actor is a ``NodeLost``."""
+    """Calls into one node's ``NodePoolActor``; a dead actor is a ``NodeLost``.
 
-    def __init__(self, ray: Any, actor: Any, isolation: str, shipper: _Shipper) -> None:
+    Plain runs go over the node's channel when it has one (``engine.channel``: a Ray call per
+    run costs more than the run); sessions, and runs with inputs shipped through the object
+    store, are Ray calls. Ray's report of the actor's death ends the channel too (``_watch``).
+    """
+
+    def __init__(self, ray: Any, actor: Any, isolation: str, shipper: _Shipper,
+                 channel: ChannelClient | None = None) -> None:
         self._ray = ray
         self._actor = actor
         self._isolation = isolation
         self._shipper = shipper
+        self._channel = channel
+        self._watcher = None if channel is None else \
+            asyncio.get_running_loop().create_task(self._watch(channel))
+
+    async def _watch(self, channel: ChannelClient) -> None:
+        try:
+            await self._actor.watch.remote()
+            reason = "the node's pool actor closed"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # RayActorError, NodeDiedError, ...: the node is gone
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            reason = f"{type(e).__name__}: {first}"
+        channel.fail(reason)
+
+    @property
+    def transport(self) -> str:
+        """``channel`` while plain runs go over the direct channel, else ``ray``."""
+        return "channel" if self._channel is not None and self._channel.lost is None else "ray"
 
     @property
     def isolation(self) -> str:
@@ -361,6 +411,8 @@ class _RayNodeClient:
 
     async def execute(self, program: Program, limits: Limits) -> ExecResult:
         program, shipped = self._shipper.split(program)
+        if self._channel is not None and not shipped:
+            return await self._channel.execute(program, limits)
         result: ExecResult = await self._call("execute", program, limits, shipped)
         return result
 
@@ -387,6 +439,12 @@ class _RayNodeClient:
     async def close(self) -> None:
         # Best effort on a node that may be dead: a failure is logged, never raised, so one lost
         # node cannot stop the engine's close from releasing the others.
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watcher
+        if self._channel is not None:
+            await self._channel.close()
         try:
             await asyncio.wait_for(self._call("close"), 10.0)
         except Exception as e:
@@ -402,12 +460,16 @@ class RayNodes:
 
     ``address``: an existing cluster's ``HOST:PORT`` (None: the cluster this process is
     already connected to, else ``RAY_ADDRESS``). A private local Ray is never started.
+    ``channel``: plain runs go over a direct channel to each node (``engine.channel``) when the
+    driver can reach it; False: every run is a Ray call (slower: ~1.3 ms and more than a
+    millisecond of CPU each side per run).
     """
 
     def __init__(self, address: str | None = None, *, isolation: str = "full",
                  preload: Sequence[str] | None = None, slots_per_cpu: float = 2.0,
-                 attach_timeout_s: float = 60.0) -> None:
+                 attach_timeout_s: float = 60.0, channel: bool = True) -> None:
         self.address = address
+        self.channel = channel and channel_allowed()
         self.isolation = isolation
         self.preload = tuple(DEFAULT_PRELOAD if preload is None else preload)
         self.slots_per_cpu = slots_per_cpu
@@ -446,6 +508,9 @@ class RayNodes:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         assert self._shipper is not None
+        # Handed to the actor over Ray, the cluster's own authenticated control plane: only a
+        # peer holding it may use the node's channel.
+        secret = secrets.token_bytes(SECRET_BYTES) if self.channel else None
         # The actor claims the node's whole `sandloop` resource: one engine's pool per node (a
         # second engine's actor waits, and its attach times out, instead of double-booking
         # the node's cores). num_cpus=0: the runs, not the actor, use the cores.
@@ -456,7 +521,8 @@ class RayNodes:
             num_cpus=0, resources={RESOURCE: self._amount.get(node.node_id, 1.0)},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             max_restarts=0, max_concurrency=100_000,
-        ).remote(node.slots, node.cpus, self.isolation, self.preload, warm.registered())
+        ).remote(node.slots, node.cpus, self.isolation, self.preload, warm.registered(),
+                 secret)
 
         async def started() -> dict[str, Any]:
             info: dict[str, Any] = await actor.start.remote()
@@ -468,7 +534,16 @@ class RayNodes:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             raise
-        return _RayNodeClient(ray, actor, str(info.get("isolation", "")), self._shipper)
+        channel = None
+        if secret is not None and info.get("channel"):
+            host, port = info["channel"]
+            try:
+                channel = await ChannelClient.open(host, int(port), secret)
+            except (OSError, TimeoutError) as e:  # a firewall between driver and node, say
+                log.warning("cluster channel to node %s (%s:%s) unreachable (%s); its runs "
+                            "go through Ray calls", node.node_id[:12], host, port, e)
+        return _RayNodeClient(ray, actor, str(info.get("isolation", "")), self._shipper,
+                              channel)
 
     async def disconnect(self) -> None:
         if self._owns_connection and self._ray is not None:
@@ -481,7 +556,9 @@ class RayBackend(ClusterBackend):
 
     def __init__(self, address: str | None = None, *, isolation: str = "full",
                  preload: Sequence[str] | None = None, refresh_s: float = 1.0,
-                 min_nodes: int = 1, start_timeout_s: float = 120.0) -> None:
-        super().__init__(RayNodes(address, isolation=isolation, preload=preload),
+                 min_nodes: int = 1, start_timeout_s: float = 120.0,
+                 channel: bool = True) -> None:
+        super().__init__(RayNodes(address, isolation=isolation, preload=preload,
+                                  channel=channel),
                          refresh_s=refresh_s, min_nodes=min_nodes,
                          start_timeout_s=start_timeout_s, nodes_limit_cpu=True)

@@ -166,6 +166,10 @@ class _ScriptedNodeClient:
     def isolation(self) -> str:
         return self._node.isolation
 
+    @property
+    def transport(self) -> str:
+        return "in-process"
+
     async def _guard(self, coro: Awaitable[T]) -> T:
         node = self._node
         if node.dead:

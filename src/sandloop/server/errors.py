@@ -39,6 +39,7 @@ from sandloop.engine import (
     SessionLimit,
     SessionLost,
 )
+from sandloop.engine.channel import RemoteInputError, RemoteRunError
 from sandloop.engine.cluster import ClusterUnavailable, NodeLost
 from sandloop.engine.journal import JournalError
 from sandloop.envs.errors import EnvBuildError, EnvNotFound, SpecError
@@ -161,6 +162,7 @@ STATUS: Mapping[type[Exception], HttpError] = {
     PatchError: HttpError(400, "invalid_patch"),
     SpecError: HttpError(400, "invalid_environment_spec"),
     EnvNotFound: HttpError(400, "unknown_environment"),
+    RemoteInputError: HttpError(400, "invalid_input"),  # a cluster node's InputError
     IdempotencyConflict: HttpError(409, "idempotency_conflict"),
     EpisodeFinished: HttpError(409, "episode_finished"),
     SessionFull: HttpError(413, "session_full"),
@@ -187,6 +189,7 @@ STATUS: Mapping[type[Exception], HttpError] = {
     LanguageUnavailable: HttpError(501, "language_unavailable"),
     # -- failures of ours: 500, the message kept for the log ---------------------------------
     EngineError: HttpError(500, "internal_error"),
+    RemoteRunError: HttpError(500, "internal_error"),  # the engine makes it a sandbox_error
     SandboxError: HttpError(500, "internal_error"),
     IsolationUnavailable: HttpError(500, "internal_error"),
     SlotBroken: HttpError(500, "internal_error"),
