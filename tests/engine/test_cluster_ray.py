@@ -66,11 +66,11 @@ def _sleepers(n: int, s: float) -> list[Program]:
     return [Program(source=f"import time\ntime.sleep({s})\nprint({i})") for i in range(n)]
 
 
-async def test_thousand_programs_over_three_nodes_match_a_local_run(
-        cluster: LocalRayCluster) -> None:
-    programs = _mixed(1000)
-    async with Engine(cluster="ray", address=cluster.address) as eng:
-        # min_nodes=1: wait until all three pools are up, so the batch spreads over them.
+async def _same_as_local(eng: Engine, programs: list[Program]) -> list[object]:
+    """Run ``programs`` on the cluster (once all three pools are up, so the batch spreads over
+    them: min_nodes is 1), check they give the local engine's results, return the nodes'
+    status."""
+    async with eng:
         for _ in range(100):
             if eng.backend.slots >= 6:  # type: ignore[attr-defined]
                 break
@@ -79,29 +79,27 @@ async def test_thousand_programs_over_three_nodes_match_a_local_run(
         status = eng.backend.status()  # type: ignore[attr-defined]
     async with Engine(slots=2) as local_eng:
         local = {i: r async for i, r in local_eng.stream(programs)}
-    assert sorted(remote) == list(range(1000))
-    assert [_key(remote[i]) for i in range(1000)] == [_key(local[i]) for i in range(1000)]
-    spread = [s.runs for s in status]
+    assert sorted(remote) == list(range(len(programs)))
+    assert [_key(remote[i]) for i in remote] == [_key(local[i]) for i in remote]
+    return status
+
+
+async def test_thousand_programs_over_three_nodes_match_a_local_run(
+        cluster: LocalRayCluster) -> None:
+    status = await _same_as_local(Engine(cluster="ray", address=cluster.address),
+                                  _mixed(1000))
+    spread = [s.runs for s in status]  # type: ignore[attr-defined]
     assert len(spread) == 3 and all(n > 0 for n in spread), spread
-    assert all(s.transport == "channel" for s in status)  # runs took the direct channel
+    assert all(s.transport == "channel" for s in status)  # type: ignore[attr-defined]
 
 
 async def test_without_the_channel_every_run_is_a_ray_call_with_the_same_results(
         cluster: LocalRayCluster) -> None:
     from sandloop.engine.ray_backend import RayBackend
 
-    programs = _mixed(60)
-    async with Engine(RayBackend(cluster.address, channel=False)) as eng:
-        for _ in range(100):
-            if eng.backend.slots >= 6:  # type: ignore[attr-defined]
-                break
-            await asyncio.sleep(0.2)
-        remote = {i: r async for i, r in eng.stream(programs)}
-        status = eng.backend.status()  # type: ignore[attr-defined]
-    async with Engine(slots=2) as local_eng:
-        local = {i: r async for i, r in local_eng.stream(programs)}
-    assert [_key(remote[i]) for i in range(60)] == [_key(local[i]) for i in range(60)]
-    assert status and all(s.transport == "ray" for s in status)
+    status = await _same_as_local(Engine(RayBackend(cluster.address, channel=False)),
+                                  _mixed(60))
+    assert status and all(s.transport == "ray" for s in status)  # type: ignore[attr-defined]
 
 
 async def test_sandloop_exec_batch_with_ray_prints_what_the_local_path_prints(
