@@ -51,9 +51,10 @@ class LocalRayCluster:
     def address(self) -> str:
         return str(self.cluster.address)
 
-    def add(self) -> str:
-        """Start one more sandloop node; returns its node id."""
-        node = self.cluster.add_node(**NODE_ARGS)
+    def add(self, env_vars: dict[str, str] | None = None) -> str:
+        """Start one more sandloop node (``env_vars``: its raylet's and workers' extra
+        environment); returns its node id."""
+        node = self.cluster.add_node(**NODE_ARGS, **({"env_vars": env_vars} if env_vars else {}))
         self.nodes[node.node_id] = node
         return str(node.node_id)
 

@@ -429,3 +429,33 @@ def test_exec_batch_with_an_unreachable_ray_address_fails_fast_with_a_clear_erro
                          timeout=120)
     assert run.returncode == 2 and run.stdout == ""
     assert "cannot reach a Ray head" in run.stderr and time.monotonic() - t0 < 30
+
+
+async def test_a_named_environment_is_shipped_to_a_node_that_lacks_it(
+        cluster: LocalRayCluster, tmp_path: Path) -> None:
+    from sandloop.cli.cluster import cluster_nodes
+    from sandloop.envs import EnvStore, parse_spec
+
+    # The driver's build, in the session's store (which the module's three nodes share).
+    spec = parse_spec({"name": "shipped-e2e", "python": {},
+                       "files": {"data/answer.txt": "42\n"}}, tmp_path)
+    info = await asyncio.to_thread(EnvStore().build, spec)
+    node_envs = tmp_path / "node-envs"  # a fourth node with a store of its own, empty
+    node_envs.mkdir(mode=0o755)
+    fourth = cluster.add({"SANDLOOP_ENV_DIR": str(node_envs)})  # main thread: Ray sets signals
+    prog = Program(source="print(open('/opt/env/data/answer.txt').read().strip())",
+                   environment="shipped-e2e")
+    try:
+        async with Engine(cluster="ray", address=cluster.address) as eng:
+            while eng.backend.slots < 8:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.2)
+            results = [r async for _, r in eng.stream([prog] * 40, Limits(time_s=20))]
+            rows = await asyncio.to_thread(cluster_nodes, cluster.address)
+    finally:
+        await asyncio.to_thread(cluster.kill, fourth)
+    assert all(r.status == "ok" and r.stdout == "42\n" for r in results), results[0]
+    assert all(r.environment == info.id for r in results)
+    by_node = {r["node_id"]: r for r in rows if r["pool"] == "ready"}
+    assert by_node[fourth]["runs"] > 0 and by_node[fourth]["envs_installed"] == 1
+    assert all(r["envs_installed"] == 0 for n, r in by_node.items() if n != fourth)  # had it
+    assert EnvStore(node_envs).verify(info.id).ok  # the node holds the driver's exact build

@@ -4,11 +4,14 @@ numpy environment from the registry this machine reaches. The trees' interpreter
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
 import subprocess
 import sys
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -270,3 +273,58 @@ def test_a_changed_host_binary_rebuilds_the_builtin_once(store: EnvStore) -> Non
         assert builds == ["bash"]  # ...so it is not rebuilt again
     finally:
         del store._build
+
+
+def _retar(archive: bytes, change: Callable[[tarfile.TarInfo, bytes | None],
+                                            tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    """``archive`` rewritten member by member through ``change``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as src, \
+            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        for m in src.getmembers():
+            f = src.extractfile(m) if m.isfile() else None
+            m, data = change(m, f.read() if f is not None else None)
+            if data is not None:
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def test_an_exported_environment_installs_elsewhere_as_the_same_id(
+        store: EnvStore, tmp_path: Path) -> None:
+    info = store.build(parse_spec({"name": "shipped", "files": {"data/a.txt": "a",
+                                                                 "bin/x.sh": "#!/bin/sh\n"}},
+                                  tmp_path))
+    node = EnvStore(tmp_path / "node")
+    got = node.install(store.export("shipped"), info.id)
+    assert got.id == info.id and node.verify(info.id).ok
+    assert node.names() == {"shipped": info.id}  # the name was new on the node
+    assert (got.tree / "data" / "a.txt").read_text() == "a"
+    assert node.install(b"not even a tar", info.id).id == info.id  # present: not re-read
+
+
+def test_an_archive_that_is_not_its_id_is_refused_and_leaves_nothing(
+        store: EnvStore, tmp_path: Path) -> None:
+    # The threat: a shipped archive slipping other files into runs that trust its id.
+    info = store.build(parse_spec({"name": "honest", "files": {"data/a.txt": "a"}}, tmp_path))
+    archive = store.export("honest")
+    node = EnvStore(tmp_path / "node2")
+
+    def evil_content(m: tarfile.TarInfo, data: bytes | None) -> tuple[tarfile.TarInfo, bytes | None]:
+        return m, (b"evil" if m.name == "tree/data/a.txt" else data)
+
+    def escape(m: tarfile.TarInfo, data: bytes | None) -> tuple[tarfile.TarInfo, bytes | None]:
+        if m.name == "tree/data/a.txt":
+            m.name = "../../outside.txt"
+        return m, data
+
+    for bad, match in ((_retar(archive, evil_content), "not that environment"),
+                       (_retar(archive, escape), "cannot be unpacked"),
+                       (b"garbage", "cannot be unpacked")):
+        with pytest.raises(EnvBuildError, match=match):
+            node.install(bad, info.id)
+    with pytest.raises(EnvBuildError, match="not that environment"):
+        node.install(archive, "0" * 64)  # a true archive, but of another id
+    assert not (tmp_path / "outside.txt").exists() and not (tmp_path.parent / "outside.txt").exists()
+    assert sorted(p.name for p in node.root.iterdir()) == ["names"]  # no tree, no leftovers
+    assert node.names() == {}

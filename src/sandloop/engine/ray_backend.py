@@ -152,6 +152,7 @@ class NodePoolActor:
         self.runs = 0
         self.failures = 0
         self.shipped_fetches = 0
+        self.envs_installed = 0
         self._done_at: deque[float] = deque(maxlen=100_000)
 
     def stats(self) -> dict[str, Any]:
@@ -163,7 +164,8 @@ class NodePoolActor:
                 "queued": queued, "runs": self.runs,
                 "failures": self.failures, "runs_per_s": round(recent / RATE_WINDOW_S, 3),
                 "sessions": len(self.workspaces), "isolation": self.pool.isolation_level,
-                "shipped_fetches": self.shipped_fetches, "host": socket.gethostname(),
+                "shipped_fetches": self.shipped_fetches, "envs_installed": self.envs_installed,
+                "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "channel": "off" if self._channel is None else "serving",
                 "channel_refused": 0 if self._channel is None else self._channel.refused}
@@ -268,6 +270,20 @@ class NodePoolActor:
                 files[name] = data
         return program.model_copy(update={"files": files, "stdin": stdin})
 
+    async def install_env(self, env_id: str, archive: list[Any]) -> str:
+        """Make the driver's environment ``env_id`` available in this node's store: present
+        already, or installed from ``archive`` (a one-item list holding the object ref of
+        ``EnvStore.export``), checked against its id (``EnvStore.install``)."""
+        from sandloop.envs.store import EnvStore
+
+        store = EnvStore()
+        if await asyncio.to_thread(lambda: (store.root / env_id / "env.json").is_file()):
+            return "present"
+        data: bytes = await archive[0]
+        await asyncio.to_thread(store.install, data, env_id)
+        self.envs_installed += 1
+        return "installed"
+
     async def execute(self, program: Program, limits: Limits,
                       shipped: Mapping[str, tuple[str, Any]]) -> ExecResult:
         program = await self._inflate(program, shipped)
@@ -327,6 +343,46 @@ class _Shipper:
         self._ray = ray
         self._refs: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
+        # Environments named by runs: ref -> the driver's build (None: not built here, the
+        # nodes resolve the name themselves), and each build's archive in the object store.
+        self._envs: dict[str, asyncio.Future[Any]] = {}
+        self._archives: dict[str, asyncio.Future[Any]] = {}
+
+    async def local_env(self, ref: str) -> Any:
+        """The driver's own build that ``ref`` names (an ``EnvInfo``), or None: looked up once."""
+        fut = self._envs.get(ref)
+        if fut is None:
+            fut = self._envs[ref] = asyncio.get_running_loop().create_future()
+            from sandloop.envs.store import EnvStore
+            from sandloop.errors import EnvError
+
+            try:
+                fut.set_result(await asyncio.to_thread(EnvStore().get, ref))
+            except EnvError:
+                fut.set_result(None)
+            except BaseException as e:
+                del self._envs[ref]
+                fut.set_exception(e)
+                fut.exception()  # retrieved: the waiters (if any) get it
+                raise
+        return await asyncio.shield(fut)
+
+    async def env_archive(self, env_id: str) -> list[Any]:
+        """The object ref of ``env_id``'s archive, put into the object store once."""
+        fut = self._archives.get(env_id)
+        if fut is None:
+            fut = self._archives[env_id] = asyncio.get_running_loop().create_future()
+            from sandloop.envs.store import EnvStore
+
+            try:
+                data = await asyncio.to_thread(EnvStore().export, env_id)
+                fut.set_result(self._ray.put(data))
+            except BaseException as e:
+                del self._archives[env_id]
+                fut.set_exception(e)
+                fut.exception()  # retrieved: the waiters (if any) get it
+                raise
+        return [await asyncio.shield(fut)]  # nested: fetched by the node only if it lacks it
 
     def split(self, program: Program) -> tuple[Program, dict[str, tuple[str, Any]]]:
         big = {name: v for name, v in program.files.items() if len(v) >= SHIP_MIN_BYTES}
@@ -371,6 +427,7 @@ class _RayNodeClient:
         self._isolation = isolation
         self._shipper = shipper
         self._channel = channel
+        self._envs_here: dict[str, asyncio.Future[None]] = {}  # env ids made sure of on the node
         self._watcher = None if channel is None else \
             asyncio.get_running_loop().create_task(self._watch(channel))
 
@@ -409,7 +466,38 @@ class _RayNodeClient:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise NodeLost(f"{type(e).__name__}: {first}") from e
 
+    async def _node_env(self, ref: str | None) -> str | None:
+        """What a run naming environment ``ref`` names on the node: the id of the driver's build
+        of it, shipped to the node once (so every node runs what the driver has, whatever the
+        node's store calls that name); ``ref`` itself for a built-in name (each node builds
+        those from its own toolchain) or one the driver has not built."""
+        from sandloop.envs.spec import BUILTIN_ENVIRONMENTS
+
+        if ref is None or ref in BUILTIN_ENVIRONMENTS:
+            return ref
+        info = await self._shipper.local_env(ref)
+        if info is None:
+            return ref
+        env_id: str = info.id
+        fut = self._envs_here.get(env_id)
+        if fut is None:
+            fut = self._envs_here[env_id] = asyncio.get_running_loop().create_future()
+            try:
+                await self._call("install_env", env_id,
+                                 await self._shipper.env_archive(env_id))
+                fut.set_result(None)
+            except BaseException as e:
+                del self._envs_here[env_id]  # the next run tries again
+                fut.set_exception(e)
+                fut.exception()  # retrieved: the waiters (if any) get it
+                raise
+        await asyncio.shield(fut)
+        return env_id
+
     async def execute(self, program: Program, limits: Limits) -> ExecResult:
+        env = await self._node_env(program.environment)
+        if env != program.environment:
+            program = program.model_copy(update={"environment": env})
         program, shipped = self._shipper.split(program)
         if self._channel is not None and not shipped:
             return await self._channel.execute(program, limits)
@@ -418,10 +506,13 @@ class _RayNodeClient:
 
     async def open_workspace(self, limits: Limits, *, environment: str | None = None,
                              base: Mapping[str, bytes] | None = None) -> Any:
-        ws = await self._call("open_workspace", limits, environment)
+        ws = await self._call("open_workspace", limits, await self._node_env(environment))
         return await copy_base_in(self, ws, base)  # copied in, over the wire
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
+        env = await self._node_env(program.environment)
+        if env != program.environment:
+            program = program.model_copy(update={"environment": env})
         program, shipped = self._shipper.split(program)
         result: ExecResult = await self._call("run_in", workspace, program, limits, shipped)
         return result

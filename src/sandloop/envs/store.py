@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -276,6 +278,66 @@ class EnvStore:
                                 "hash to the environment's id; rebuild it")
         return VerifyReport(**base, ok=True, detail=f"{len(actual)} entries match the "
                             "manifest and the id")
+
+    # -- moving between machines ------------------------------------------------------------
+    def export(self, ref: str) -> bytes:
+        """An environment as one archive (its tree, manifest.tsv and env.json) that
+        :meth:`install` accepts in another store: how a cluster's driver ships its build to
+        the nodes."""
+        info = self.get(ref)
+        d = Path(info.path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name in ("env.json", "manifest.tsv", "tree"):
+                tar.add(d / name, arcname=name)
+        return buf.getvalue()
+
+    def install(self, archive: bytes, expected_id: str) -> EnvInfo:
+        """Add an environment :meth:`export` made elsewhere, if it is ``expected_id``.
+
+        The threat: an archive that is not what its id says (corrupted on the way, or made to
+        slip other files into runs that trust that id). It is unpacked into a private directory
+        of the store (Python's ``tar`` filter: nothing lands outside it, no setuid bits), then
+        its files must hash to its manifest and its manifest and resolved spec to
+        ``expected_id``, exactly as ``verify`` checks a local build; only then does it join the
+        store. A name is pointed at it only where the name is new here.
+        """
+        self._ensure_root()
+        final = self.root / expected_id
+        if (info := self._read_info(final)) is not None:
+            return info
+        work = Path(tempfile.mkdtemp(prefix=".install-", dir=self.root))
+        try:
+            try:
+                with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+                    tar.extractall(work, filter="tar")
+                info = EnvInfo.model_validate_json((work / "env.json").read_bytes())
+                recorded = (work / "manifest.tsv").read_text(encoding="utf-8")
+                actual = manifest.scan(work / "tree")
+            except (OSError, ValueError, tarfile.TarError, EnvBuildError) as e:
+                raise EnvBuildError(f"the archive of environment {expected_id[:12]} cannot be "
+                                    f"unpacked ({e}); build it on this machine instead") from e
+            diff = manifest.compare(manifest.parse(recorded), actual)
+            if (info.id != expected_id or not diff.clean
+                    or compute_id(info.resolved, recorded) != expected_id):
+                why = diff.summary() if not diff.clean else "its record does not hash to it"
+                raise EnvBuildError(f"refused the archive of environment {expected_id[:12]}: "
+                                    f"it is not that environment ({why})")
+            with self._lock():
+                if final.exists():
+                    _remove_tree(work)
+                else:
+                    os.chmod(work, 0o755)
+                    os.rename(work, final)
+                if info.name not in self.names():
+                    self._point(info.name, expected_id)
+            got = self._read_info(final)
+            assert got is not None
+            return got
+        except BaseException:
+            if work.exists():
+                _remove_tree(work)
+            raise
 
     def ensure(self, name: str, *, log: Callable[[str], None] | None = None) -> EnvInfo:
         """The named environment; a built-in one (``python``, ``c``, ...) is built from the host
