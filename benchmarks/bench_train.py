@@ -8,7 +8,9 @@ slots starting, first compilation of the model's kernels). Needs the train extra
     OMP_NUM_THREADS=1 .venv-train/bin/python benchmarks/bench_train.py [--completions 256] [--steps 4]
 
 On a CPU the tiny model's generation and update are so cheap that the sandbox share is far above
-a GPU run's; the figure that carries over is the sandbox seconds per completion.
+a GPU run's; the figure that carries over is the sandbox seconds per completion. ``--hidden`` and
+``--layers`` make the tiny model wider and deeper (its generation and update dearer, the sandbox's
+work the same) to show how the share falls with the model's cost.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> None:
     ap.add_argument("--completions", type=int, default=256, help="per step (8 per task)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--slots", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=128, help="the tiny model's width")
+    ap.add_argument("--layers", type=int, default=2, help="the tiny model's depth")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature (default: TrainConfig's)")
     args = ap.parse_args()
@@ -37,6 +41,7 @@ def main() -> None:
                                  prompts_per_step=max(1, args.completions // gens),
                                  num_generations=gens, eval_samples=1, eval_limit=4,
                                  save_checkpoints=False, slots=args.slots,
+                                 tiny_hidden=args.hidden, tiny_layers=args.layers,
                                  **({} if args.temperature is None
                                     else {"temperature": args.temperature})))
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -64,7 +69,8 @@ def main() -> None:
     rows = rows[1:] or rows
     med = {k: statistics.median(r[k] for r in rows)
            for k in ("generation_s", "sandbox_s", "update_s", "step_s")}
-    print(f"completions per step: {per}, steps measured: {len(rows)}")
+    print(f"completions per step: {per}, steps measured: {len(rows)}; tiny model hidden "
+          f"{args.hidden}, layers {args.layers}")
     print("  distinct / not seen in an earlier step, per step: "
           + ", ".join(f"{d}/{n}" for d, n in runs.values()))
     for k, v in med.items():

@@ -288,3 +288,217 @@ def test_no_channel_when_rays_own_traffic_is_tls(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("RAY_USE_TLS", "0")
     assert ch.channel_allowed() and RayNodes("127.0.0.1:1").channel
     assert not RayNodes("127.0.0.1:1", channel=False).channel
+
+
+async def test_a_flood_of_silent_peers_cannot_hold_the_nodes_descriptors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The threat: anyone who reaches the port opens connections and sends nothing; each holds
+    # a descriptor of the actor (which its sandboxes need) until the auth timeout, and they
+    # reconnect as fast as they are dropped. At most MAX_UNAUTHENTICATED wait; the oldest go.
+    monkeypatch.setattr(ch, "MAX_UNAUTHENTICATED", 8)
+
+    async def run(program: Program, limits: Limits) -> ExecResult:
+        return ExecResult(status=Status.OK, stdout="ran\n")
+
+    secret = secrets.token_bytes(ch.SECRET_BYTES)
+    server = ChannelServer(secret, run)
+    port = await server.start("127.0.0.1")
+    peers = [await asyncio.open_connection("127.0.0.1", port) for _ in range(30)]
+    try:
+        async def dropped(reader: asyncio.StreamReader) -> bool:
+            try:
+                return await asyncio.wait_for(reader.read(), 1) == b""
+            except TimeoutError:
+                return False
+            except ConnectionError:
+                return True
+
+        gone = await asyncio.gather(*(dropped(r) for r, _ in peers))
+        assert sum(gone) == 22  # well before the 5 s auth timeout
+        assert server.refused == 22
+        # The driver, arriving during the flood, still gets in (it drops the oldest silent one).
+        client = await ChannelClient.open("127.0.0.1", port, secret)
+        assert (await client.execute(Program(source="x"), Limits())).stdout == "ran\n"
+        await client.close()
+        assert server.refused == 23
+    finally:
+        for _, w in peers:
+            w.close()
+        await server.close()
+
+
+async def test_a_channel_closed_during_the_handshake_is_a_connection_error() -> None:
+    # What the cluster backend falls back from (to Ray calls); an IncompleteReadError instead
+    # escaped it and failed the node's attach.
+    async def closes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(ch.SECRET_BYTES)
+        writer.close()
+
+    srv = await asyncio.start_server(closes, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectionError, match="does not speak the sandloop channel"):
+            await ChannelClient.open("127.0.0.1", port, secrets.token_bytes(ch.SECRET_BYTES))
+    finally:
+        srv.close()
+
+
+# -- the Ray backend's node client and attach, with Ray's objects replaced -----------------------
+
+class _Method:
+    def __init__(self, fn: Callable[..., Awaitable[object]]) -> None:
+        self.fn = fn
+
+    def remote(self, *args: object) -> Awaitable[object]:
+        return self.fn(*args)
+
+
+class _Actor:
+    def __init__(self, **methods: Callable[..., Awaitable[object]]) -> None:
+        self.methods = methods
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self.methods[name])
+
+
+class _Ray:
+    class exceptions:
+        class RayActorError(Exception):
+            pass
+
+        class NodeDiedError(Exception):
+            pass
+
+        class ObjectLostError(Exception):
+            pass
+
+    def __init__(self) -> None:
+        self.killed: list[object] = []
+
+    def cancel(self, ref: object) -> None:
+        pass
+
+    def kill(self, actor: object) -> None:
+        self.killed.append(actor)
+
+
+async def test_a_cancelled_run_does_not_cancel_the_others_waiting_on_its_environment() -> None:
+    # The first run naming a shipped environment installed it on the node, and the others
+    # awaited its future: cancelling that run (a withdrawn job) handed them its
+    # CancelledError, which the engine takes for their own withdrawal: their results never
+    # came. The install now runs on its own; each waiter can only cancel itself.
+    from types import SimpleNamespace
+
+    from sandloop.engine.ray_backend import _RayNodeClient
+
+    env_id = "e" * 64
+    installs: list[str] = []
+    release = asyncio.Event()
+
+    async def install_env(eid: str, archive: object) -> str:
+        installs.append(eid)
+        await release.wait()
+        return "installed"
+
+    async def execute(program: Program, limits: Limits, shipped: object) -> ExecResult:
+        return ExecResult(status=Status.OK, stdout=str(program.environment))
+
+    async def local_env(ref: str) -> object:
+        return SimpleNamespace(id=env_id)
+
+    async def env_archive(eid: str) -> list[object]:
+        return [None]
+
+    shipper = SimpleNamespace(local_env=local_env, env_archive=env_archive,
+                              split=lambda p: (p, {}))
+    client = _RayNodeClient(_Ray(), _Actor(install_env=install_env, execute=execute), "full",
+                            shipper)  # type: ignore[arg-type]
+    runs = [asyncio.ensure_future(client.execute(Program(source="x", environment="mine"),
+                                                 Limits())) for _ in range(3)]
+    while not installs:
+        await asyncio.sleep(0.01)
+    runs[0].cancel()
+    await asyncio.sleep(0.01)
+    release.set()
+    done = await asyncio.wait_for(asyncio.gather(*runs[1:]), 5)
+    assert [r.stdout for r in done] == [env_id, env_id] and installs == [env_id]
+    assert runs[0].cancelled()
+    await client.execute(Program(source="y", environment="mine"), Limits())
+    assert installs == [env_id]  # made sure of once per node
+
+
+async def test_a_cancelled_run_does_not_fail_the_others_waiting_on_its_shipped_input() -> None:
+    # The same on the node: the first run fetching a shipped input from the object store is
+    # cancelled (its job withdrawn); the others that wanted the same content still get it.
+    from sandloop.engine.ray_backend import NodePoolActor
+
+    actor = NodePoolActor(1, 1.0, "none", ())
+    fetched: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    program = Program(source="x")
+    shipped = {"big.bin": ("d1", [fetched])}
+    runs = [asyncio.ensure_future(actor._inflate(program, shipped)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    runs[0].cancel()
+    await asyncio.sleep(0.01)
+    fetched.set_result(b"data")
+    done = await asyncio.wait_for(asyncio.gather(*runs[1:]), 5)
+    assert [p.files["big.bin"] for p in done] == [b"data", b"data"]
+    assert actor.shipped_fetches == 1 and actor._fetching == {}
+
+
+async def test_a_node_whose_channel_fails_at_attach_falls_back_and_no_actor_is_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    from sandloop.engine.cluster import NodeInfo
+    from sandloop.engine.ray_backend import RayNodes
+
+    async def closes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(ch.SECRET_BYTES)
+        writer.close()  # a middlebox, or an actor refusing during a flood
+
+    async def hangs(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    async def close() -> None:
+        return None
+
+    for handler in (closes, hangs):
+        srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+
+        async def start(port: int = port) -> dict[str, object]:
+            return {"isolation": "full", "channel": ("127.0.0.1", port)}
+
+        actor = _Actor(start=start, close=close)
+        ray = _Ray()
+        nodes = RayNodes("127.0.0.1:1")
+        nodes._ray, nodes._shipper = ray, object()  # type: ignore[assignment]
+        nodes._actor_cls = SimpleActorClass(actor)
+        attach = asyncio.ensure_future(nodes.attach(NodeInfo("ab" * 28, "127.0.0.1", 1, 1024, 2)))
+        try:
+            if handler is closes:
+                client = await asyncio.wait_for(attach, 10)
+                assert client.transport == "ray" and ray.killed == []
+                await client.close()
+            else:
+                # The engine closes while the node is attaching: its actor must not live on,
+                # holding the node's resource and name (every later attach would fail).
+                await asyncio.sleep(0.2)
+                attach.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await attach
+                assert ray.killed == [actor]
+        finally:
+            srv.close()
+
+
+class SimpleActorClass:
+    def __init__(self, actor: _Actor) -> None:
+        self.actor = actor
+
+    def options(self, **kw: object) -> SimpleActorClass:
+        return self
+
+    def remote(self, *args: object) -> _Actor:
+        return self.actor

@@ -86,6 +86,25 @@ async def test_a_killed_node_fault_injected_is_retried_elsewhere_exactly_once() 
     assert backend.lost_nodes == 1
 
 
+async def test_a_node_that_never_answers_a_run_is_lost_and_the_run_retried_elsewhere() -> None:
+    # A stopped node (SIGSTOP, a wedged event loop; fault injected by ScriptedNodes.freeze)
+    # neither dies nor answers: without the run deadline the job, and the trainer waiting on
+    # it, would wait for ever.
+    nodes = ScriptedNodes(_sleep_script(0.0), nodes=2)
+    backend = ClusterBackend(nodes, refresh_s=0.05, min_nodes=2, run_grace_s=0.3)
+    assert backend.run_deadline_s(Program(source="x"), Limits(time_s=0.1)) == pytest.approx(0.5)
+    assert backend.run_deadline_s(Program(language="c", source="x"), Limits(time_s=1)) == \
+        pytest.approx(2 * (1 + Limits(time_s=1).compile_time_limit_s) + 0.3)
+    async with Engine(backend) as eng:
+        nodes.freeze("node0001")
+        results = await asyncio.wait_for(asyncio.gather(
+            *(eng.run(Program(source=str(i)), Limits(time_s=0.1)) for i in range(4))), 20)
+        stats = eng.snapshot()
+    assert [r.stdout for r in results] == ["0", "1", "2", "3"]
+    assert all(r.status is Status.OK for r in results)
+    assert backend.lost_nodes == 1 and stats.retried >= 1 and stats.infra_failures == 0
+
+
 async def test_admission_follows_nodes_that_join_and_leave() -> None:
     nodes = ScriptedNodes(nodes=1, cpus=2, memory_mb=4000)
     backend = ClusterBackend(nodes, refresh_s=0.02)

@@ -352,6 +352,9 @@ def test_sandloop_serve_with_ray_runs_on_the_cluster_and_shows_nodes_on_metrics(
                 if ln.startswith("sandloop_cluster_node_runs{")]
         assert runs and sum(float(ln.rsplit(" ", 1)[1]) for ln in runs) >= 1
         assert 'sandloop_cluster_nodes{state="ready"}' in metrics
+        channel = [ln for ln in metrics.splitlines()
+                   if ln.startswith("sandloop_cluster_node_channel{")]
+        assert channel and all(ln.endswith(" 1.0") for ln in channel)  # the fast path
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -319,7 +319,7 @@ def test_an_archive_that_is_not_its_id_is_refused_and_leaves_nothing(
         return m, data
 
     for bad, match in ((_retar(archive, evil_content), "not that environment"),
-                       (_retar(archive, escape), "cannot be unpacked"),
+                       (_retar(archive, escape), "not that environment"),
                        (b"garbage", "cannot be unpacked")):
         with pytest.raises(EnvBuildError, match=match):
             node.install(bad, info.id)
@@ -328,3 +328,120 @@ def test_an_archive_that_is_not_its_id_is_refused_and_leaves_nothing(
     assert not (tmp_path / "outside.txt").exists() and not (tmp_path.parent / "outside.txt").exists()
     assert sorted(p.name for p in node.root.iterdir()) == ["names"]  # no tree, no leftovers
     assert node.names() == {}
+
+
+def _append(archive: bytes, extra: tuple[tuple[tarfile.TarInfo, bytes | None], ...]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as src, \
+            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        for m, data in extra:
+            if data is not None:
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def test_a_refused_archive_writes_nothing_outside_the_store(
+        store: EnvStore, tmp_path: Path) -> None:
+    # The threat: an archive that is refused only after it is unpacked. tarfile's "tar" filter
+    # lets a hard link point at any path on the store's filesystem; a file of the same name
+    # extracted after it is written through the link (and the link's mode and owner applied to
+    # its target), before the content check ever runs.
+    info = store.build(parse_spec({"name": "linked", "files": {"data/a.txt": "a"}}, tmp_path))
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    os.chmod(victim, 0o600)
+    link = tarfile.TarInfo("tree/data/b.txt")
+    link.type, link.linkname, link.mode = tarfile.LNKTYPE, str(victim), 0o777
+    over = tarfile.TarInfo("tree/data/b.txt")
+    node = EnvStore(tmp_path / "node3")
+    with pytest.raises(EnvBuildError, match="not that environment"):
+        node.install(_append(store.export("linked"), ((link, None), (over, b"owned\n"))),
+                     info.id)
+    assert victim.read_text() == "secret\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert sorted(p.name for p in node.root.iterdir()) == ["names"]
+    # Other members the manifest does not list the same way: a device, a file where
+    # a directory is, a symlink where a directory is.
+    dev = tarfile.TarInfo("tree/data/disk")
+    dev.type, dev.devmajor, dev.devminor = tarfile.BLKTYPE, 8, 0
+    sym = tarfile.TarInfo("tree/data")
+    sym.type, sym.linkname = tarfile.SYMTYPE, "/etc"
+    for extra in ((dev, None), (tarfile.TarInfo("tree/data"), b"x"), (sym, None)):
+        with pytest.raises(EnvBuildError, match="not that environment"):
+            node.install(_append(store.export("linked"), (extra,)), info.id)
+    assert sorted(p.name for p in node.root.iterdir()) == ["names"]
+
+
+def test_a_sparse_member_is_refused_before_it_is_read(store: EnvStore, tmp_path: Path) -> None:
+    # The threat: a sparse member's size is a header's say-so, its holes not in the archive:
+    # read (a record) or hashed (a tree file), a terabyte of zeros from a few bytes.
+    info = store.build(parse_spec({"name": "sparse", "files": {"a": "a"}}, tmp_path))
+    for name in ("env.json", "tree/a"):
+        def sparse(m: tarfile.TarInfo, data: bytes | None,
+                   name: str = name) -> tuple[tarfile.TarInfo, bytes | None]:
+            if m.name == name:
+                m.pax_headers = {"GNU.sparse.map": "0,1", "GNU.sparse.size": str(1 << 40)}
+                return m, b"x"
+            return m, data
+
+        with pytest.raises(EnvBuildError, match=r"cannot be unpacked|not that environment"):
+            EnvStore(tmp_path / "node7").install(_retar(store.export("sparse"), sparse), info.id)
+
+
+def test_an_installed_tree_belongs_to_the_installer_not_the_archives_owners(
+        store: EnvStore, tmp_path: Path) -> None:
+    # The threat: the manifest leaves owners out, so an archive whose members name another uid
+    # (or simply the driver's user, who may be someone else on the node) installs as that id
+    # with files that uid owns, and may rewrite (chmod, then write) for every later run.
+    info = store.build(parse_spec({"name": "owned", "files": {"data/a.txt": "a"}}, tmp_path))
+
+    def foreign(m: tarfile.TarInfo, data: bytes | None) -> tuple[tarfile.TarInfo, bytes | None]:
+        m.uid, m.gid, m.uname, m.gname = 4242, 4242, "", ""
+        return m, data
+
+    got = EnvStore(tmp_path / "node4").install(_retar(store.export("owned"), foreign), info.id)
+    owners = {os.lstat(Path(d) / n).st_uid for d, ds, fs in os.walk(got.path) for n in ds + fs}
+    assert owners == {os.getuid()}
+
+
+def test_an_archive_cannot_take_a_name_on_the_node(store: EnvStore, tmp_path: Path) -> None:
+    # The threat: env.json's name is a label outside the id, so an archive of any true id may
+    # call itself "python" (a built-in each node builds from its own toolchain) or a path.
+    info = store.build(parse_spec({"name": "labelled", "files": {"a": "a"}}, tmp_path))
+    for n, name in enumerate(("python", "../../escaped", "ok\n")):
+        def rename(m: tarfile.TarInfo, data: bytes | None,
+                   name: str = name) -> tuple[tarfile.TarInfo, bytes | None]:
+            if m.name == "env.json" and data is not None:
+                data = json.dumps({**json.loads(data), "name": name, "source": {}}).encode()
+            return m, data
+
+        node = EnvStore(tmp_path / f"node5-{n}")
+        assert node.install(_retar(store.export("labelled"), rename), info.id).id == info.id
+        assert node.names() == {}
+    with pytest.raises(EnvBuildError, match="not an environment id"):
+        EnvStore(tmp_path / "node5-0").install(b"", f"../node5-0/{info.id}")
+
+
+def test_a_tree_with_hard_links_ships(tmp_path: Path) -> None:
+    # tarfile.add writes a second name of the same inode as a hard link, which install refuses
+    # (its manifest lists two files): export writes both as files.
+    from sandloop.envs import manifest
+    from sandloop.envs.store import EnvInfo, compute_id
+
+    d = tmp_path / "driver" / ("e" * 64)
+    (d / "tree").mkdir(parents=True)
+    (d / "tree" / "one").write_text("same")
+    os.link(d / "tree" / "one", d / "tree" / "two")
+    text = manifest.render(manifest.scan(d / "tree"))
+    resolved = {"format": 1, "spec": {"files": {}}}
+    env_id = compute_id(resolved, text)
+    d = d.rename(d.parent / env_id)
+    (d / "manifest.tsv").write_text(text)
+    (d / "env.json").write_text(EnvInfo(id=env_id, name="linked", resolved=resolved,
+                                        manifest_sha256=manifest.digest(text),
+                                        built_at="2026-01-01T00:00:00+00:00").model_dump_json())
+    got = EnvStore(tmp_path / "node6").install(EnvStore(tmp_path / "driver").export(env_id),
+                                               env_id)
+    assert (got.tree / "two").read_text() == "same" and got.id == env_id

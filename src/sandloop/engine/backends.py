@@ -21,19 +21,33 @@ _COMPILED: dict[str, bool] = {}
 _W = TypeVar("_W")
 
 
+def _compiled(language: str) -> bool:
+    compiled = _COMPILED.get(language)
+    if compiled is None:
+        try:
+            compiled = spec_for(language, ()).compile is not None
+        except Exception:  # unavailable language: the backend reports it as the result
+            compiled = False
+        _COMPILED[language] = compiled
+    return compiled
+
+
 def declared_memory_mb(program: Program, limits: Limits) -> int:
     """The memory a run of ``program`` may use at its peak, as admission counts it.
 
     A compiled language's compile step runs under its own (usually larger) memory limit.
     """
-    compiled = _COMPILED.get(program.language)
-    if compiled is None:
-        try:
-            compiled = spec_for(program.language, ()).compile is not None
-        except Exception:  # unavailable language: the backend reports it as the result
-            compiled = False
-        _COMPILED[program.language] = compiled
-    return max(limits.memory_mb, limits.compile_memory_limit_mb) if compiled else limits.memory_mb
+    if _compiled(program.language):
+        return max(limits.memory_mb, limits.compile_memory_limit_mb)
+    return limits.memory_mb
+
+
+def declared_wall_s(program: Program, limits: Limits) -> float:
+    """The longest a run of ``program`` may take once it starts: its wall limit, plus its
+    compile step's for a compiled language."""
+    if _compiled(program.language):
+        return limits.time_s + limits.compile_time_limit_s
+    return limits.time_s
 
 
 async def copy_base_in(backend: Workspaces, workspace: _W,

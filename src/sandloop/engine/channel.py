@@ -13,6 +13,10 @@ Threats, and what stops each:
   binds to its node's address only, and the first bytes a client sends must be the secret the
   driver handed the actor through Ray's control plane; a peer without it is disconnected before
   anything else it sends is read (compared in constant time, within ``AUTH_TIMEOUT_S``).
+- Anyone who can reach the port could hold connections open without the secret, each a file
+  descriptor of the actor (its sandboxes need those) for ``AUTH_TIMEOUT_S``: at most
+  ``MAX_UNAUTHENTICATED`` wait at once, and a new one drops the oldest (the driver presents the
+  secret within a round trip, so a flood must outpace that to keep it out).
 - A malformed or hostile frame (a compromised node, a bug): frames are bounded
   (``MAX_FRAME_BYTES``), payloads are JSON validated into the models, never unpickled; a
   protocol violation closes the connection, and the driver's runs on it end as ``NodeLost``
@@ -57,6 +61,7 @@ SEP = b"\x1e"
 MAX_FRAME_BYTES = 256 << 20  # larger inputs go through Ray's object store (SHIP_MIN_BYTES)
 SECRET_BYTES = 32
 AUTH_TIMEOUT_S = 5.0
+MAX_UNAUTHENTICATED = 64
 HELLO = b"sandloop-channel-1"
 
 # Frame kinds. Driver -> node: RUN, CANCEL. Node -> driver: HELLO_K (after the secret),
@@ -164,6 +169,7 @@ class ChannelServer:
         self._run = run
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._unauthenticated: dict[asyncio.Task[None], None] = {}  # oldest first
         self.refused = 0  # connections that did not present the secret
 
     async def start(self, host: str) -> int:
@@ -176,12 +182,22 @@ class ChannelServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        if len(self._unauthenticated) >= MAX_UNAUTHENTICATED:
+            oldest = next(iter(self._unauthenticated))
+            del self._unauthenticated[oldest]  # now, not when it ends: a burst is still capped
+            oldest.cancel()  # counted as refused there
+        self._unauthenticated[task] = None
         try:
             try:
                 token = await asyncio.wait_for(reader.readexactly(SECRET_BYTES), AUTH_TIMEOUT_S)
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                 self.refused += 1
                 return
+            except asyncio.CancelledError:
+                self.refused += 1
+                raise
+            finally:
+                self._unauthenticated.pop(task, None)
             if not hmac.compare_digest(token, self._secret):
                 self.refused += 1
                 return
@@ -271,9 +287,13 @@ class ChannelClient:
         try:
             _keepalive(writer)
             writer.write(secret)
-            kind, _, payload = await asyncio.wait_for(_read_frame(reader), timeout_s)
+            try:
+                kind, _, payload = await asyncio.wait_for(_read_frame(reader), timeout_s)
+            except asyncio.IncompleteReadError:  # refused, or not a channel: closed on us
+                kind, payload = 0, b""
             if kind != HELLO_K or payload != HELLO:
-                raise ConnectionError(f"{host}:{port} does not speak the sandloop channel")
+                raise ConnectionError(f"{host}:{port} does not speak the sandloop channel "
+                                      "(or refused this driver's secret)")
         except BaseException:
             writer.close()
             raise

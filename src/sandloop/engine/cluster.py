@@ -12,7 +12,9 @@ tests and the 50-node simulation use in-process clients). What it owns:
   as its pool is up, one that leaves gets none, and the engine is told the new capacity;
 - node loss: a run whose node died comes back as ``sandbox_error`` naming the node (an
   infrastructure failure: the engine, the one owner of retries, runs it again elsewhere);
-  sessions are pinned to their node and end with ``WorkspaceLost`` when it goes.
+  sessions are pinned to their node and end with ``WorkspaceLost`` when it goes. A node that
+  is alive but does not answer a run within that run's deadline (``run_deadline_s``: a stuck or
+  stopped node, which neither Ray nor TCP reports) counts as lost the same way.
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from sandloop.engine.backends import Capacity, WorkspaceLost, copy_base_in, declared_memory_mb
+from sandloop.engine.backends import (
+    Capacity,
+    WorkspaceLost,
+    copy_base_in,
+    declared_memory_mb,
+    declared_wall_s,
+)
 from sandloop.errors import EngineError
 from sandloop.sandbox.models import ExecResult, Limits, Program, Status
 
@@ -44,7 +52,13 @@ __all__ = [
 
 log = logging.getLogger("sandloop.cluster")
 
+T = TypeVar("T")
+
 RATE_WINDOW_S = 10.0  # runs/s is measured over this trailing window
+# A run's answer is due within twice its own limits (it may wait on its node for one other run's
+# CPU) plus this: room for a node's first-use environment build and a shipped environment. A
+# liveness backstop for a node that neither dies nor answers, not a performance timer.
+RUN_GRACE_S = 120.0
 
 
 class ClusterUnavailable(EngineError, RuntimeError):
@@ -210,8 +224,10 @@ class ClusterBackend:
     """
 
     def __init__(self, source: NodeSource, *, refresh_s: float = 1.0, min_nodes: int = 1,
-                 start_timeout_s: float = 120.0, nodes_limit_cpu: bool = False) -> None:
+                 start_timeout_s: float = 120.0, nodes_limit_cpu: bool = False,
+                 run_grace_s: float = RUN_GRACE_S) -> None:
         self.source = source
+        self.run_grace_s = run_grace_s
         self.nodes_limit_cpu = nodes_limit_cpu
         self.refresh_s = refresh_s
         self.min_nodes = min_nodes
@@ -314,7 +330,8 @@ class ClusterBackend:
                 "no node of the cluster can take this job now (every node left, or none has "
                 f"{memory} MiB free); it is retried when nodes join")
         try:
-            result = await node.client.execute(program, limits)
+            result = await self._answered(node, node.client.execute(program, limits),
+                                          self.run_deadline_s(program, limits))
         except NodeLost as e:
             self._lose(node, str(e))
             return ExecResult.sandbox_error(
@@ -348,7 +365,9 @@ class ClusterBackend:
         if placed is None:
             raise WorkspaceLost(self._gone_message(node))
         try:
-            return await node.client.run_in(workspace.handle, program, limits)
+            return await self._answered(node, node.client.run_in(workspace.handle, program,
+                                                                 limits),
+                                        self.run_deadline_s(program, limits))
         except NodeLost as e:
             self._lose(node, str(e))
             raise WorkspaceLost(self._gone_message(node)) from e
@@ -379,6 +398,23 @@ class ClusterBackend:
             await node.client.close_workspace(workspace.handle)
         except NodeLost as e:
             self._lose(node, str(e))
+
+    def run_deadline_s(self, program: Program, limits: Limits) -> float:
+        """How long a node may take to answer a run of ``program`` before it counts as lost."""
+        return 2.0 * declared_wall_s(program, limits) + self.run_grace_s
+
+    @staticmethod
+    async def _answered(node: _Node, call: Coroutine[Any, Any, T], deadline_s: float) -> T:
+        cm = asyncio.timeout(deadline_s)
+        try:
+            async with cm:
+                return await call
+        except TimeoutError:
+            if not cm.expired():
+                raise  # the call's own
+            raise NodeLost(f"node {node.info.node_id[:12]} ({node.info.address}) did not answer "
+                           f"a run within {deadline_s:.0f} s, twice its limits and "
+                           "run_grace_s: stuck or stopped") from None
 
     # -- introspection ------------------------------------------------------------------------
     def status(self) -> list[NodeStatus]:

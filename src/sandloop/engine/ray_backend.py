@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -18,8 +19,8 @@ import secrets
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sandloop.engine.backends import copy_base_in
 from sandloop.engine.channel import SECRET_BYTES, ChannelClient, ChannelServer, channel_allowed
@@ -44,6 +45,31 @@ SHIP_MIN_BYTES = 64 << 10  # inputs at least this large go through Ray's object 
 SHIP_CACHE_BYTES = 256 << 20  # the driver's (and each node's) cache of shipped inputs
 
 log = logging.getLogger("sandloop.cluster")
+
+T = TypeVar("T")
+
+
+def _shared(cache: dict[str, asyncio.Task[T]], key: str,
+            make: Callable[[], Coroutine[Any, Any, T]], *, keep: bool = True) -> Awaitable[T]:
+    """``make()`` for ``key``, run once by a task of its own that every caller awaits.
+
+    Run by the first caller instead, that caller's cancellation (a withdrawn job) reached the
+    others waiting on it as a CancelledError, which the engine takes for their own withdrawal:
+    their results never came. ``keep``: the result stays in ``cache`` (else only while it is
+    made); a failure never does, so the next caller tries again.
+    """
+    task = cache.get(key)
+    if task is None:
+        task = cache[key] = asyncio.get_running_loop().create_task(make())
+        task.add_done_callback(functools.partial(_settle, cache, key, keep))
+    return asyncio.shield(task)
+
+
+def _settle(cache: dict[str, asyncio.Task[T]], key: str, keep: bool,
+            task: asyncio.Task[T]) -> None:
+    failed = task.cancelled() or task.exception() is not None  # retrieved even if none waits
+    if (failed or not keep) and cache.get(key) is task:
+        del cache[key]
 
 
 def ray_available() -> bool:
@@ -146,7 +172,7 @@ class NodePoolActor:
                                 warm_modules=warm_modules)
         self.workspaces: dict[str, Workspace] = {}
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
-        self._fetching: dict[str, asyncio.Future[bytes]] = {}
+        self._fetching: dict[str, asyncio.Task[bytes]] = {}
         self._blob_bytes = 0
         self.inflight = 0
         self.runs = 0
@@ -244,31 +270,24 @@ class NodePoolActor:
             data = self._blobs.get(digest)
             if data is not None:
                 self._blobs.move_to_end(digest)
-            elif (pending := self._fetching.get(digest)) is not None:
-                data = await asyncio.shield(pending)  # another run is fetching it already
-            else:
-                pending = asyncio.get_running_loop().create_future()
-                self._fetching[digest] = pending
-                try:
-                    self.shipped_fetches += 1
-                    data = await ref[0]
-                    pending.set_result(data)
-                except BaseException as e:
-                    pending.set_exception(e)
-                    pending.exception()  # retrieved: the waiters (if any) get it
-                    raise
-                finally:
-                    del self._fetching[digest]
-                self._blobs[digest] = data
-                self._blob_bytes += len(data)
-                while self._blob_bytes > SHIP_CACHE_BYTES and len(self._blobs) > 1:
-                    _, old = self._blobs.popitem(last=False)
-                    self._blob_bytes -= len(old)
+            else:  # one fetch, whichever runs want it meanwhile
+                data = await _shared(self._fetching, digest,
+                                     functools.partial(self._fetch, digest, ref), keep=False)
             if name == "\0stdin":
                 stdin = data
             else:
                 files[name] = data
         return program.model_copy(update={"files": files, "stdin": stdin})
+
+    async def _fetch(self, digest: str, ref: Any) -> bytes:
+        self.shipped_fetches += 1
+        data: bytes = await ref[0]
+        self._blobs[digest] = data
+        self._blob_bytes += len(data)
+        while self._blob_bytes > SHIP_CACHE_BYTES and len(self._blobs) > 1:
+            _, old = self._blobs.popitem(last=False)
+            self._blob_bytes -= len(old)
+        return data
 
     async def install_env(self, env_id: str, archive: list[Any]) -> str:
         """Make the driver's environment ``env_id`` available in this node's store: present
@@ -345,44 +364,32 @@ class _Shipper:
         self._bytes = 0
         # Environments named by runs: ref -> the driver's build (None: not built here, the
         # nodes resolve the name themselves), and each build's archive in the object store.
-        self._envs: dict[str, asyncio.Future[Any]] = {}
-        self._archives: dict[str, asyncio.Future[Any]] = {}
+        self._envs: dict[str, asyncio.Task[Any]] = {}
+        self._archives: dict[str, asyncio.Task[Any]] = {}
 
     async def local_env(self, ref: str) -> Any:
         """The driver's own build that ``ref`` names (an ``EnvInfo``), or None: looked up once."""
-        fut = self._envs.get(ref)
-        if fut is None:
-            fut = self._envs[ref] = asyncio.get_running_loop().create_future()
-            from sandloop.envs.store import EnvStore
-            from sandloop.errors import EnvError
+        return await _shared(self._envs, ref, functools.partial(self._lookup, ref))
 
-            try:
-                fut.set_result(await asyncio.to_thread(EnvStore().get, ref))
-            except EnvError:
-                fut.set_result(None)
-            except BaseException as e:
-                del self._envs[ref]
-                fut.set_exception(e)
-                fut.exception()  # retrieved: the waiters (if any) get it
-                raise
-        return await asyncio.shield(fut)
+    @staticmethod
+    async def _lookup(ref: str) -> Any:
+        from sandloop.envs.store import EnvStore
+        from sandloop.errors import EnvError
+
+        try:
+            return await asyncio.to_thread(EnvStore().get, ref)
+        except EnvError:
+            return None
 
     async def env_archive(self, env_id: str) -> list[Any]:
         """The object ref of ``env_id``'s archive, put into the object store once."""
-        fut = self._archives.get(env_id)
-        if fut is None:
-            fut = self._archives[env_id] = asyncio.get_running_loop().create_future()
-            from sandloop.envs.store import EnvStore
+        ref = await _shared(self._archives, env_id, functools.partial(self._put_archive, env_id))
+        return [ref]  # nested: fetched by the node only if it lacks it
 
-            try:
-                data = await asyncio.to_thread(EnvStore().export, env_id)
-                fut.set_result(self._ray.put(data))
-            except BaseException as e:
-                del self._archives[env_id]
-                fut.set_exception(e)
-                fut.exception()  # retrieved: the waiters (if any) get it
-                raise
-        return [await asyncio.shield(fut)]  # nested: fetched by the node only if it lacks it
+    async def _put_archive(self, env_id: str) -> Any:
+        from sandloop.envs.store import EnvStore
+
+        return self._ray.put(await asyncio.to_thread(EnvStore().export, env_id))
 
     def split(self, program: Program) -> tuple[Program, dict[str, tuple[str, Any]]]:
         big = {name: v for name, v in program.files.items() if len(v) >= SHIP_MIN_BYTES}
@@ -427,7 +434,7 @@ class _RayNodeClient:
         self._isolation = isolation
         self._shipper = shipper
         self._channel = channel
-        self._envs_here: dict[str, asyncio.Future[None]] = {}  # env ids made sure of on the node
+        self._envs_here: dict[str, asyncio.Task[None]] = {}  # env ids made sure of on the node
         self._watcher = None if channel is None else \
             asyncio.get_running_loop().create_task(self._watch(channel))
 
@@ -479,20 +486,11 @@ class _RayNodeClient:
         if info is None:
             return ref
         env_id: str = info.id
-        fut = self._envs_here.get(env_id)
-        if fut is None:
-            fut = self._envs_here[env_id] = asyncio.get_running_loop().create_future()
-            try:
-                await self._call("install_env", env_id,
-                                 await self._shipper.env_archive(env_id))
-                fut.set_result(None)
-            except BaseException as e:
-                del self._envs_here[env_id]  # the next run tries again
-                fut.set_exception(e)
-                fut.exception()  # retrieved: the waiters (if any) get it
-                raise
-        await asyncio.shield(fut)
+        await _shared(self._envs_here, env_id, functools.partial(self._install, env_id))
         return env_id
+
+    async def _install(self, env_id: str) -> None:
+        await self._call("install_env", env_id, await self._shipper.env_archive(env_id))
 
     async def execute(self, program: Program, limits: Limits) -> ExecResult:
         env = await self._node_env(program.environment)
@@ -530,10 +528,10 @@ class _RayNodeClient:
     async def close(self) -> None:
         # Best effort on a node that may be dead: a failure is logged, never raised, so one lost
         # node cannot stop the engine's close from releasing the others.
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watcher
+        waiting = [t for t in (self._watcher, *self._envs_here.values()) if t is not None]
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
         try:
@@ -621,18 +619,16 @@ class RayNodes:
 
         try:
             info = await asyncio.wait_for(started(), self.attach_timeout_s)
+            channel = None
+            if secret is not None and info.get("channel"):
+                channel = await _open_channel(node, info["channel"], secret)
         except BaseException:
+            # Left alive, the actor would keep the node's `sandloop` resource and its name:
+            # every later attach to this node (this engine's next try, a new engine in this
+            # process) would fail until the driver exits.
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             raise
-        channel = None
-        if secret is not None and info.get("channel"):
-            host, port = info["channel"]
-            try:
-                channel = await ChannelClient.open(host, int(port), secret)
-            except (OSError, TimeoutError) as e:  # a firewall between driver and node, say
-                log.warning("cluster channel to node %s (%s:%s) unreachable (%s); its runs "
-                            "go through Ray calls", node.node_id[:12], host, port, e)
         return _RayNodeClient(ray, actor, str(info.get("isolation", "")), self._shipper,
                               channel)
 
@@ -640,6 +636,19 @@ class RayNodes:
         if self._owns_connection and self._ray is not None:
             self._ray.shutdown()
             self._owns_connection = False
+
+
+async def _open_channel(node: NodeInfo, where: Sequence[Any],
+                        secret: bytes) -> ChannelClient | None:
+    host, port = where
+    try:
+        return await ChannelClient.open(host, int(port), secret)
+    except (OSError, TimeoutError) as e:  # a firewall between driver and node, say
+        log.warning("cluster channel to node %s (%s:%s) unreachable (%s: %s); its runs go "
+                    "through Ray calls (slower). Let the driver reach the nodes' ephemeral "
+                    "TCP ports, or pass channel=False to skip the attempt (docs/cluster.md)",
+                    node.node_id[:12], host, port, type(e).__name__, e)
+        return None
 
 
 class RayBackend(ClusterBackend):

@@ -146,13 +146,14 @@ def _implements_backend(backend: ScriptedBackend) -> Backend:
 
 
 class _ScriptedNode:
-    __slots__ = ("backend", "dead", "inflight", "info", "isolation")
+    __slots__ = ("backend", "dead", "frozen", "inflight", "info", "isolation")
 
     def __init__(self, info: NodeInfo, backend: ScriptedBackend, isolation: str) -> None:
         self.info = info
         self.backend = backend
         self.isolation = isolation
         self.dead = False
+        self.frozen = False
         self.inflight: set[asyncio.Future[Any]] = set()
 
 
@@ -176,6 +177,10 @@ class _ScriptedNodeClient:
             if inspect.iscoroutine(coro):
                 coro.close()
             raise NodeLost(f"node {node.info.node_id} is gone")
+        if node.frozen:  # alive, never answering: the call waits until it is cancelled
+            if inspect.iscoroutine(coro):
+                coro.close()
+            await asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(coro)
         node.inflight.add(task)
         try:
@@ -247,6 +252,11 @@ class ScriptedNodes:
     def drain(self, node_id: str) -> None:
         """The node leaves discovery (no new work) while its runs in flight finish."""
         self.nodes.pop(node_id)
+
+    def freeze(self, node_id: str) -> None:
+        """The node stays in discovery and alive, and never answers a call again (a stopped
+        process, a wedged loop): a fault neither Ray nor TCP reports."""
+        self.nodes[node_id].frozen = True
 
     def kill(self, node_id: str) -> None:
         node = self.nodes.pop(node_id)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -40,6 +42,7 @@ from sandloop.envs.errors import EnvBuildError, EnvNotFound
 from sandloop.envs.spec import (
     BUILTIN_ENVIRONMENTS,
     BUILTIN_TOOLS,
+    NAME_RE,
     Determinism,
     EnvSpec,
     builtin_spec,
@@ -289,47 +292,69 @@ class EnvStore:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for name in ("env.json", "manifest.tsv", "tree"):
-                tar.add(d / name, arcname=name)
+                tar.add(d / name, arcname=name, filter=functools.partial(_no_hard_links, d))
         return buf.getvalue()
 
     def install(self, archive: bytes, expected_id: str) -> EnvInfo:
         """Add an environment :meth:`export` made elsewhere, if it is ``expected_id``.
 
         The threat: an archive that is not what its id says (corrupted on the way, or made to
-        slip other files into runs that trust that id). It is unpacked into a private directory
-        of the store (Python's ``tar`` filter: nothing lands outside it, no setuid bits), then
-        its files must hash to its manifest and its manifest and resolved spec to
-        ``expected_id``, exactly as ``verify`` checks a local build; only then does it join the
-        store. A name is pointed at it only where the name is new here.
+        slip other files into runs that trust that id, or to write outside the store while it
+        is unpacked). Nothing is written before its record (env.json, manifest.tsv) hashes to
+        ``expected_id``; then every member must be what that manifest lists at its path
+        (files of its size, symlinks to its target): no hard links, devices, sparse files or
+        other paths. tarfile's ``tar`` filter alone lets a hard link name any file on the
+        store's filesystem, and a later member of the same name is written through it. Files
+        are the installer's, never the archive's owners. Unpacked into a private directory of
+        the store, the files must hash to the manifest, as ``verify`` checks a local build;
+        only then does it join the store. A name is pointed at it only where the name is new
+        here and not a built-in's (names are labels, outside the id).
         """
+        if not _ID_RE.fullmatch(expected_id):
+            raise EnvBuildError(f"{expected_id!r} is not an environment id")
         self._ensure_root()
         final = self.root / expected_id
         if (info := self._read_info(final)) is not None:
             return info
+
+        def refused(why: str) -> EnvBuildError:
+            return EnvBuildError(f"refused the archive of environment {expected_id[:12]}: it "
+                                 f"is not that environment ({why})")
+
+        def unreadable(e: Exception) -> EnvBuildError:
+            return EnvBuildError(f"the archive of environment {expected_id[:12]} cannot be "
+                                 f"unpacked ({e}); build it on this machine instead")
+
         work = Path(tempfile.mkdtemp(prefix=".install-", dir=self.root))
         try:
-            try:
-                with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
-                    tar.extractall(work, filter="tar")
-                info = EnvInfo.model_validate_json((work / "env.json").read_bytes())
-                recorded = (work / "manifest.tsv").read_text(encoding="utf-8")
-                actual = manifest.scan(work / "tree")
-            except (OSError, ValueError, tarfile.TarError, EnvBuildError) as e:
-                raise EnvBuildError(f"the archive of environment {expected_id[:12]} cannot be "
-                                    f"unpacked ({e}); build it on this machine instead") from e
+            with contextlib.ExitStack() as stack:
+                try:
+                    tar = stack.enter_context(
+                        tarfile.open(fileobj=io.BytesIO(archive), mode="r:"))
+                    members = tar.getmembers()
+                    info, recorded = _record(tar, members)
+                except (OSError, ValueError, tarfile.TarError, EnvBuildError) as e:
+                    raise unreadable(e) from e
+                if info.id != expected_id or compute_id(info.resolved, recorded) != expected_id:
+                    raise refused("its record does not hash to it")
+                if (odd := _unlisted(members, manifest.parse(recorded))) is not None:
+                    raise refused(f"{odd.name!r} is not what its manifest lists")
+                try:
+                    tar.extractall(work, members=members, filter=_installer_owns)
+                    actual = manifest.scan(work / "tree")
+                except (OSError, ValueError, tarfile.TarError, EnvBuildError) as e:
+                    raise unreadable(e) from e
             diff = manifest.compare(manifest.parse(recorded), actual)
-            if (info.id != expected_id or not diff.clean
-                    or compute_id(info.resolved, recorded) != expected_id):
-                why = diff.summary() if not diff.clean else "its record does not hash to it"
-                raise EnvBuildError(f"refused the archive of environment {expected_id[:12]}: "
-                                    f"it is not that environment ({why})")
+            if not diff.clean:
+                raise refused(diff.summary())
             with self._lock():
                 if final.exists():
                     _remove_tree(work)
                 else:
                     os.chmod(work, 0o755)
                     os.rename(work, final)
-                if info.name not in self.names():
+                if (NAME_RE.fullmatch(info.name) and info.name not in BUILTIN_ENVIRONMENTS
+                        and info.name not in self.names()):
                     self._point(info.name, expected_id)
             got = self._read_info(final)
             assert got is not None
@@ -376,6 +401,68 @@ def _source_unchanged(info: EnvInfo) -> bool:
     except OSError:
         return True  # the host interpreter is gone: the copy still works
     return bool(st.st_size == source.get("size") and st.st_mtime_ns == source.get("mtime_ns"))
+
+
+_ID_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _no_hard_links(d: Path, member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A second name of a file goes into an export as a file: install takes no links between
+    files (its manifest lists each as a file)."""
+    if member.islnk():
+        member = member.replace(deep=False)
+        member.type, member.linkname = tarfile.REGTYPE, ""
+        member.size = (d / member.name).stat().st_size
+    return member
+
+
+def _record(tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -> tuple[EnvInfo, str]:
+    """An archive's env.json and manifest.tsv (untrusted until they hash to its id)."""
+    by_name = {m.name: m for m in members}
+
+    def read(name: str) -> bytes:
+        m = by_name.get(name)
+        # Not a sparse member: its holes are not in the archive (a terabyte to read, from it).
+        plain = m is not None and m.type in _FILE_TYPES and not m.issparse()
+        f = tar.extractfile(m) if plain and m is not None else None
+        if f is None:
+            raise EnvBuildError(f"no {name}")
+        return f.read()
+
+    return EnvInfo.model_validate_json(read("env.json")), read("manifest.tsv").decode()
+
+
+_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
+
+
+def _unlisted(members: list[tarfile.TarInfo],
+              entries: list[manifest.Entry]) -> tarfile.TarInfo | None:
+    """The first member that is not what the (trusted) manifest lists at its path, if any."""
+    want = {f"tree/{e.path}": e for e in entries}
+    for m in members:
+        e = want.get(m.name)
+        if m.name in ("env.json", "manifest.tsv"):
+            ok = m.type in _FILE_TYPES
+        elif m.name == "tree":
+            ok = m.isdir()
+        elif e is None:
+            ok = False
+        elif e.kind == "f":
+            ok = m.type in _FILE_TYPES and m.size == e.size
+        elif e.kind == "l":
+            ok = m.issym() and m.linkname == e.digest
+        else:
+            ok = e.kind == "d" and m.isdir()
+        if not ok:
+            return m
+    return None
+
+
+def _installer_owns(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    # Extracting as root would give each file the archive's owner: a uid that could rewrite,
+    # on this node, a tree every run trusts (owners are not in the manifest, nor the id).
+    return tarfile.tar_filter(member, dest).replace(uid=-1, gid=-1, uname="", gname="",
+                                                    deep=False)
 
 
 def _remove_tree(path: Path) -> None:

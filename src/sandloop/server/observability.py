@@ -172,6 +172,16 @@ def _cluster_metrics(backend: ClusterBackend) -> list[Metric]:
         "sandloop_cluster_fragmentation",
         "share of free memory stranded on nodes with no free slot (0: all usable)",
         value=backend.fragmentation()))
+    # A node whose runs fell back to Ray calls (its channel unreachable, or lost) is slower:
+    # 1 while its runs take the direct channel.
+    channel = GaugeMetricFamily("sandloop_cluster_node_channel",
+                                "1 while the node's runs take the direct channel, 0 on Ray calls",
+                                labels=["node", "address", "state"])
+    for st in status:
+        if st.transport in ("channel", "ray"):
+            channel.add_metric([st.node_id, st.address, st.state],
+                               1.0 if st.transport == "channel" else 0.0)
+    out.append(channel)
     out.append(GaugeMetricFamily(
         "sandloop_cluster_stranded_memory_mb",
         "free memory on nodes with no free slot (unusable until a run ends)",
