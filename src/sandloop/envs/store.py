@@ -203,8 +203,7 @@ class EnvStore:
                locked: bool) -> EnvInfo:
         self._ensure_root()
         say = log or (lambda _msg: None)
-        work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
-        try:
+        with self._scratch(".build-") as work:
             res = build_tree(spec, work, say, builtin=builtin,
                              tools=BUILTIN_TOOLS.get(spec.name, ()) if builtin else ())
             env_id = compute_id(res.resolved, res.manifest_text)
@@ -232,17 +231,26 @@ class EnvStore:
                     if builtin:
                         os.replace(work / "env.json", final / ".env.json.new")
                         os.replace(final / ".env.json.new", final / "env.json")
-                    _remove_tree(work)
                 else:
                     os.rename(work, final)
                 self._point(spec.name, env_id)
-            got = self._read_info(final)
-            assert got is not None
-            return got
-        except BaseException:
+            return self._committed(final)
+
+    @contextlib.contextmanager
+    def _scratch(self, prefix: str) -> Iterator[Path]:
+        """A private directory of the store for a tree being made; removed on the way out
+        unless it was moved into place (renamed to its id)."""
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root))
+        try:
+            yield work
+        finally:
             if work.exists():
                 _remove_tree(work)
-            raise
+
+    def _committed(self, final: Path) -> EnvInfo:
+        got = self._read_info(final)
+        assert got is not None, final
+        return got
 
     def _point(self, name: str, env_id: str) -> None:
         tmp = self.root / "names" / f".{name}.tmp"
@@ -325,8 +333,7 @@ class EnvStore:
             return EnvBuildError(f"the archive of environment {expected_id[:12]} cannot be "
                                  f"unpacked ({e}); build it on this machine instead")
 
-        work = Path(tempfile.mkdtemp(prefix=".install-", dir=self.root))
-        try:
+        with self._scratch(".install-") as work:
             with contextlib.ExitStack() as stack:
                 try:
                     tar = stack.enter_context(
@@ -348,21 +355,13 @@ class EnvStore:
             if not diff.clean:
                 raise refused(diff.summary())
             with self._lock():
-                if final.exists():
-                    _remove_tree(work)
-                else:
+                if not final.exists():  # else the same id came meanwhile: work is dropped
                     os.chmod(work, 0o755)
                     os.rename(work, final)
                 if (NAME_RE.fullmatch(info.name) and info.name not in BUILTIN_ENVIRONMENTS
                         and info.name not in self.names()):
                     self._point(info.name, expected_id)
-            got = self._read_info(final)
-            assert got is not None
-            return got
-        except BaseException:
-            if work.exists():
-                _remove_tree(work)
-            raise
+            return self._committed(final)
 
     def ensure(self, name: str, *, log: Callable[[str], None] | None = None) -> EnvInfo:
         """The named environment; a built-in one (``python``, ``c``, ...) is built from the host
