@@ -10,8 +10,10 @@ a small coroutine where it needs a run that blocks or raises on cue.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -502,3 +504,30 @@ class SimpleActorClass:
 
     def remote(self, *args: object) -> _Actor:
         return self.actor
+
+
+async def test_the_driver_ships_only_a_build_that_still_matches_its_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A driver's build edited in place would be refused by every node, each saying only that
+    # the archive is not its id; the driver checks first and says which file changed.
+    from sandloop.engine.ray_backend import _Shipper
+    from sandloop.envs import EnvBuildError, EnvStore, parse_spec
+
+    monkeypatch.setenv("SANDLOOP_ENV_DIR", str(tmp_path / "driver"))
+    store = EnvStore()
+    info = store.build(parse_spec({"name": "shipme", "files": {"data/a.txt": "a"}}, tmp_path))
+    put: list[bytes] = []
+
+    class _PutRay(_Ray):
+        def put(self, data: bytes) -> str:
+            put.append(data)
+            return "ref"
+
+    assert await _Shipper(_PutRay()).env_archive(info.id) == ["ref"]
+    assert EnvStore(tmp_path / "node").install(put[0], info.id).id == info.id  # sound
+    os.chmod(info.tree / "data", 0o755)
+    os.chmod(info.tree / "data" / "a.txt", 0o644)
+    (info.tree / "data" / "a.txt").write_text("A")
+    with pytest.raises(EnvBuildError, match=r"'shipme'.*not shipped.*data/a.txt"):
+        await _Shipper(_PutRay()).env_archive(info.id)
+    assert len(put) == 1

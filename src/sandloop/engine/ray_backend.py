@@ -387,9 +387,17 @@ class _Shipper:
         return [ref]  # nested: fetched by the node only if it lacks it
 
     async def _put_archive(self, env_id: str) -> Any:
+        from sandloop.envs.errors import EnvBuildError
         from sandloop.envs.store import EnvStore
 
-        return self._ray.put(await asyncio.to_thread(EnvStore().export, env_id))
+        store = EnvStore()
+        # A build changed since it was made (edited in place, a disk fault) would be refused by
+        # every node, each saying only that the archive is not its id: say where it is wrong.
+        report = await asyncio.to_thread(store.verify, env_id)
+        if not report.ok:
+            raise EnvBuildError(f"the driver's build of environment {report.name!r} "
+                                f"({env_id[:12]}) is not shipped to the nodes: {report.detail}")
+        return self._ray.put(await asyncio.to_thread(store.export, env_id))
 
     def split(self, program: Program) -> tuple[Program, dict[str, tuple[str, Any]]]:
         big = {name: v for name, v in program.files.items() if len(v) >= SHIP_MIN_BYTES}

@@ -331,7 +331,8 @@ class EnvStore:
 
         def unreadable(e: Exception) -> EnvBuildError:
             return EnvBuildError(f"the archive of environment {expected_id[:12]} cannot be "
-                                 f"unpacked ({e}); build it on this machine instead")
+                                 f"unpacked ({e}); check the build where it came from (`sandloop env verify "
+                                 f"{expected_id[:12]}`), or build it on this machine")
 
         with self._scratch(".install-") as work:
             with contextlib.ExitStack() as stack:
