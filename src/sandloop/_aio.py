@@ -1,5 +1,6 @@
-"""The event loop sandloop's own entry points run on (CLI commands, the sync APIs), and the
-one bridge from sync code to async code (:class:`LoopThread`).
+"""The event loop sandloop's own entry points run on (CLI commands, the sync APIs), the one
+bridge from sync code to async code (:class:`LoopThread`), and :func:`single_flight`, work that
+many waiters share.
 
 uvloop when it is installed (a dependency; it takes about a tenth of the supervisor's CPU per
 run off compared with the default loop), else asyncio's own. Library calls made from the
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -93,3 +96,28 @@ class LoopThread:
             thread.join(timeout)
         if thread is None or not thread.is_alive():
             loop.close()
+
+
+def single_flight(cache: dict[K, asyncio.Task[T]], key: K,
+                  make: Callable[[], Coroutine[Any, Any, T]], *,
+                  keep: bool = True) -> Awaitable[T]:
+    """``make()`` for ``key``, run once by a task of its own that every caller awaits.
+
+    Run by the first caller instead, that caller's cancellation (a withdrawn job) would reach
+    the others waiting on it as a CancelledError, which the engine takes for their own
+    withdrawal: their results never came. Each caller here can only cancel itself. ``keep``:
+    the result stays in ``cache`` (else only while it is made); a failure never does, so the
+    next caller tries again.
+    """
+    task = cache.get(key)
+    if task is None:
+        task = cache[key] = asyncio.get_running_loop().create_task(make())
+        task.add_done_callback(functools.partial(_settle_flight, cache, key, keep))
+    return asyncio.shield(task)
+
+
+def _settle_flight(cache: dict[K, asyncio.Task[T]], key: K, keep: bool,
+                   task: asyncio.Task[T]) -> None:
+    failed = task.cancelled() or task.exception() is not None  # retrieved even if none waits
+    if (failed or not keep) and cache.get(key) is task:
+        del cache[key]

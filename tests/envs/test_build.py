@@ -275,15 +275,21 @@ def test_a_changed_host_binary_rebuilds_the_builtin_once(store: EnvStore) -> Non
         del store._build
 
 
-def _retar(archive: bytes, change: Callable[[tarfile.TarInfo, bytes | None],
-                                            tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
-    """``archive`` rewritten member by member through ``change``."""
+Change = Callable[[tarfile.TarInfo, bytes | None], tuple[tarfile.TarInfo, bytes | None]]
+
+
+def _retar(archive: bytes, change: Change | None = None,
+           extra: tuple[tuple[tarfile.TarInfo, bytes | None], ...] = ()) -> bytes:
+    """``archive`` rewritten member by member through ``change``, then ``extra`` appended."""
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(archive)) as src, \
             tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        members = []
         for m in src.getmembers():
             f = src.extractfile(m) if m.isfile() else None
-            m, data = change(m, f.read() if f is not None else None)
+            data = f.read() if f is not None else None
+            members.append(change(m, data) if change is not None else (m, data))
+        for m, data in (*members, *extra):
             if data is not None:
                 m.size = len(data)
             dst.addfile(m, io.BytesIO(data) if data is not None else None)
@@ -330,19 +336,6 @@ def test_an_archive_that_is_not_its_id_is_refused_and_leaves_nothing(
     assert node.names() == {}
 
 
-def _append(archive: bytes, extra: tuple[tuple[tarfile.TarInfo, bytes | None], ...]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(archive)) as src, \
-            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
-        for m in src.getmembers():
-            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
-        for m, data in extra:
-            if data is not None:
-                m.size = len(data)
-            dst.addfile(m, io.BytesIO(data) if data is not None else None)
-    return out.getvalue()
-
-
 def test_a_refused_archive_writes_nothing_outside_the_store(
         store: EnvStore, tmp_path: Path) -> None:
     # The threat: an archive that is refused only after it is unpacked. tarfile's "tar" filter
@@ -358,7 +351,7 @@ def test_a_refused_archive_writes_nothing_outside_the_store(
     over = tarfile.TarInfo("tree/data/b.txt")
     node = EnvStore(tmp_path / "node3")
     with pytest.raises(EnvBuildError, match="not that environment"):
-        node.install(_append(store.export("linked"), ((link, None), (over, b"owned\n"))),
+        node.install(_retar(store.export("linked"), extra=((link, None), (over, b"owned\n"))),
                      info.id)
     assert victim.read_text() == "secret\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert sorted(p.name for p in node.root.iterdir()) == ["names"]
@@ -370,7 +363,7 @@ def test_a_refused_archive_writes_nothing_outside_the_store(
     sym.type, sym.linkname = tarfile.SYMTYPE, "/etc"
     for extra in ((dev, None), (tarfile.TarInfo("tree/data"), b"x"), (sym, None)):
         with pytest.raises(EnvBuildError, match="not that environment"):
-            node.install(_append(store.export("linked"), (extra,)), info.id)
+            node.install(_retar(store.export("linked"), extra=(extra,)), info.id)
     assert sorted(p.name for p in node.root.iterdir()) == ["names"]
 
 

@@ -19,9 +19,10 @@ import secrets
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
+from sandloop._aio import single_flight
 from sandloop.engine.backends import copy_base_in
 from sandloop.engine.channel import SECRET_BYTES, ChannelClient, ChannelServer, channel_allowed
 from sandloop.engine.cluster import (
@@ -46,30 +47,10 @@ SHIP_CACHE_BYTES = 256 << 20  # the driver's (and each node's) cache of shipped 
 
 log = logging.getLogger("sandloop.cluster")
 
-T = TypeVar("T")
-
-
-def _shared(cache: dict[str, asyncio.Task[T]], key: str,
-            make: Callable[[], Coroutine[Any, Any, T]], *, keep: bool = True) -> Awaitable[T]:
-    """``make()`` for ``key``, run once by a task of its own that every caller awaits.
-
-    Run by the first caller instead, that caller's cancellation (a withdrawn job) reached the
-    others waiting on it as a CancelledError, which the engine takes for their own withdrawal:
-    their results never came. ``keep``: the result stays in ``cache`` (else only while it is
-    made); a failure never does, so the next caller tries again.
-    """
-    task = cache.get(key)
-    if task is None:
-        task = cache[key] = asyncio.get_running_loop().create_task(make())
-        task.add_done_callback(functools.partial(_settle, cache, key, keep))
-    return asyncio.shield(task)
-
-
-def _settle(cache: dict[str, asyncio.Task[T]], key: str, keep: bool,
-            task: asyncio.Task[T]) -> None:
-    failed = task.cancelled() or task.exception() is not None  # retrieved even if none waits
-    if (failed or not keep) and cache.get(key) is task:
-        del cache[key]
+def _first_line(e: BaseException) -> str:
+    """``TypeName: first line of its message``: Ray's errors carry whole tracebacks."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def ray_available() -> bool:
@@ -271,7 +252,7 @@ class NodePoolActor:
             if data is not None:
                 self._blobs.move_to_end(digest)
             else:  # one fetch, whichever runs want it meanwhile
-                data = await _shared(self._fetching, digest,
+                data = await single_flight(self._fetching, digest,
                                      functools.partial(self._fetch, digest, ref), keep=False)
             if name == "\0stdin":
                 stdin = data
@@ -369,7 +350,7 @@ class _Shipper:
 
     async def local_env(self, ref: str) -> Any:
         """The driver's own build that ``ref`` names (an ``EnvInfo``), or None: looked up once."""
-        return await _shared(self._envs, ref, functools.partial(self._lookup, ref))
+        return await single_flight(self._envs, ref, functools.partial(self._lookup, ref))
 
     @staticmethod
     async def _lookup(ref: str) -> Any:
@@ -383,7 +364,8 @@ class _Shipper:
 
     async def env_archive(self, env_id: str) -> list[Any]:
         """The object ref of ``env_id``'s archive, put into the object store once."""
-        ref = await _shared(self._archives, env_id, functools.partial(self._put_archive, env_id))
+        ref = await single_flight(self._archives, env_id,
+                                  functools.partial(self._put_archive, env_id))
         return [ref]  # nested: fetched by the node only if it lacks it
 
     async def _put_archive(self, env_id: str) -> Any:
@@ -453,8 +435,7 @@ class _RayNodeClient:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # RayActorError, NodeDiedError, ...: the node is gone
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            reason = f"{type(e).__name__}: {first}"
+            reason = _first_line(e)
         channel.fail(reason)
 
     @property
@@ -478,8 +459,7 @@ class _RayNodeClient:
             raise
         except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
                 ray.exceptions.ObjectLostError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise NodeLost(f"{type(e).__name__}: {first}") from e
+            raise NodeLost(_first_line(e)) from e
 
     async def _node_env(self, ref: str | None) -> str | None:
         """What a run naming environment ``ref`` names on the node: the id of the driver's build
@@ -494,17 +474,21 @@ class _RayNodeClient:
         if info is None:
             return ref
         env_id: str = info.id
-        await _shared(self._envs_here, env_id, functools.partial(self._install, env_id))
+        await single_flight(self._envs_here, env_id, functools.partial(self._install, env_id))
         return env_id
 
     async def _install(self, env_id: str) -> None:
         await self._call("install_env", env_id, await self._shipper.env_archive(env_id))
 
-    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+    async def _on_node(self, program: Program) -> Program:
+        """``program`` naming its environment as the node must (``_node_env``)."""
         env = await self._node_env(program.environment)
-        if env != program.environment:
-            program = program.model_copy(update={"environment": env})
-        program, shipped = self._shipper.split(program)
+        if env == program.environment:
+            return program
+        return program.model_copy(update={"environment": env})
+
+    async def execute(self, program: Program, limits: Limits) -> ExecResult:
+        program, shipped = self._shipper.split(await self._on_node(program))
         if self._channel is not None and not shipped:
             return await self._channel.execute(program, limits)
         result: ExecResult = await self._call("execute", program, limits, shipped)
@@ -516,10 +500,7 @@ class _RayNodeClient:
         return await copy_base_in(self, ws, base)  # copied in, over the wire
 
     async def run_in(self, workspace: Any, program: Program, limits: Limits) -> ExecResult:
-        env = await self._node_env(program.environment)
-        if env != program.environment:
-            program = program.model_copy(update={"environment": env})
-        program, shipped = self._shipper.split(program)
+        program, shipped = self._shipper.split(await self._on_node(program))
         result: ExecResult = await self._call("run_in", workspace, program, limits, shipped)
         return result
 
