@@ -250,6 +250,26 @@ async def test_setup_runs_once_per_task(engine: Engine, demo: dict[str, RepoTask
     assert snaps.setups_run == 1
 
 
+async def test_a_reset_withdrawn_mid_setup_does_not_fail_the_others(
+        engine: Engine, demo: dict[str, RepoTask]) -> None:
+    # Three episodes of one task reset at once; the first is withdrawn (cancelled) while the
+    # shared set-up runs. The other two still get the snapshot, and set-up ran once.
+    import asyncio
+
+    task = demo["lrukit-get-refreshes"]
+    snaps = Snapshots(engine)
+    first = asyncio.ensure_future(snaps.get(task))
+    others = [asyncio.ensure_future(snaps.get(task)) for _ in range(2)]
+    while snaps.setups_run == 0:  # the set-up command has started
+        await asyncio.sleep(0.005)
+    first.cancel()
+    got = await asyncio.gather(*others)
+    assert first.cancelled()
+    assert all("lrukit/_version.py" in g for g in got) and got[0] is got[1]
+    assert snaps.setups_run == 1
+    assert await snaps.get(task) is got[0]  # kept: a later reset runs no set-up
+
+
 async def test_check_repo_task_accepts_the_bundled_set(engine: Engine,
                                                        demo: dict[str, RepoTask]) -> None:
     for task in demo.values():

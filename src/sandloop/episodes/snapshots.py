@@ -15,6 +15,7 @@ import asyncio
 import weakref
 from collections.abc import Mapping
 
+from sandloop._aio import single_flight
 from sandloop.engine import Engine
 from sandloop.errors import EpisodeError
 from sandloop.sandbox.models import Limits, Status
@@ -44,7 +45,7 @@ class Snapshots:
         self.engine = engine
         self.max_tasks = max_tasks
         self._cache: dict[tuple[str, str], Mapping[str, bytes]] = {}
-        self._making: dict[tuple[str, str], asyncio.Future[Mapping[str, bytes]]] = {}
+        self._making: dict[tuple[str, str], asyncio.Task[Mapping[str, bytes]]] = {}
         self.setups_run = 0
 
     async def get(self, task: RepoTask) -> Mapping[str, bytes]:
@@ -54,24 +55,16 @@ class Snapshots:
         got = self._cache.get(key)
         if got is not None:
             return got
-        pending = self._making.get(key)
-        if pending is not None:  # another episode of this task is preparing it: share it
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[Mapping[str, bytes]] = \
-            asyncio.get_running_loop().create_future()
-        self._making[key] = fut
-        try:
-            snap = await self._prepare(task)
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
-            raise
-        finally:
-            self._making.pop(key, None)
-        fut.set_result(snap)
+        # Shared by every episode of the task that resets meanwhile; one episode withdrawn
+        # mid set-up does not cancel the set-up the others wait on.
+        return await single_flight(self._making, key, lambda: self._prepare_and_keep(task),
+                                   keep=False)
+
+    async def _prepare_and_keep(self, task: RepoTask) -> Mapping[str, bytes]:
+        snap = await self._prepare(task)
         if len(self._cache) >= self.max_tasks:
             self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = snap
+        self._cache[(task.id, task.version)] = snap
         return snap
 
     async def _prepare(self, task: RepoTask) -> Mapping[str, bytes]:
